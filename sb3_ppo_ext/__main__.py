@@ -1,0 +1,74 @@
+"""Train PPOExt on one environment with the shipped hyperparameters and print its evaluation return.
+
+Usage: ``python -m sb3_ppo_ext --env Pendulum-v1 [--timesteps N] [--seed S] [--eval-episodes K]``
+
+This route needs neither rl-zoo3 nor optuna; ``python -m rl_zoo3.train --algo ppo_ext`` is the
+full-featured one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import torch as th
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.utils import LinearSchedule
+from stable_baselines3.common.vec_env import VecNormalize
+
+from sb3_ppo_ext import PPOExt
+from sb3_ppo_ext.hyperparams import load_hyperparams
+
+
+def _schedules(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """rl-zoo3's ``lin_<x>`` strings as linear schedules from x to 0."""
+    out = {}
+    for key, value in kwargs.items():
+        if isinstance(value, str) and value.startswith("lin_"):
+            value = LinearSchedule(float(value[4:]), 0.0, 1.0)
+        out[key] = value
+    return out
+
+
+def main(argv: list[str] | None = None) -> float:
+    parser = argparse.ArgumentParser(prog="python -m sb3_ppo_ext", description=__doc__.splitlines()[0])
+    parser.add_argument("--env", default="Pendulum-v1", help="gymnasium environment id")
+    parser.add_argument("--timesteps", type=int, default=None, help="training steps (default: the yml's n_timesteps)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-episodes", type=int, default=10)
+    parser.add_argument("--device", default="auto")
+    args = parser.parse_args(argv)
+
+    th.set_num_threads(1)
+    hyperparams = load_hyperparams(args.env)
+    n_envs = int(hyperparams.pop("n_envs", 1))
+    n_timesteps = int(args.timesteps or hyperparams.pop("n_timesteps", 100_000))
+    hyperparams.pop("n_timesteps", None)
+    normalize = hyperparams.pop("normalize", False)
+    normalize_kwargs = normalize if isinstance(normalize, dict) else {}
+    policy = hyperparams.pop("policy", "MlpPolicy")
+
+    env = make_vec_env(args.env, n_envs=n_envs, seed=args.seed)
+    eval_env = make_vec_env(args.env, n_envs=1, seed=args.seed + 10_000)
+    if normalize:
+        env = VecNormalize(env, **normalize_kwargs)
+        eval_env = VecNormalize(eval_env, training=False, norm_reward=False, **normalize_kwargs)
+
+    model = PPOExt(policy, env, seed=args.seed, device=args.device, **_schedules(hyperparams))
+    start = time.time()
+    model.learn(total_timesteps=n_timesteps)
+    elapsed = time.time() - start
+    if normalize:
+        eval_env.obs_rms = env.obs_rms  # type: ignore[attr-defined]
+    mean_return, std_return = evaluate_policy(model, eval_env, n_eval_episodes=args.eval_episodes, deterministic=True)
+    print(
+        f"PPOExt on {args.env}: {n_timesteps} steps in {elapsed:.0f} s; "
+        f"evaluation return over {args.eval_episodes} episodes: {mean_return:.1f} +/- {std_return:.1f}"
+    )
+    return float(mean_return)
+
+
+if __name__ == "__main__":
+    main()

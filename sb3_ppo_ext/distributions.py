@@ -1,0 +1,229 @@
+"""Tanh-squashed Gaussian action distribution and analytic KL helpers.
+
+The squashed head works on the *pre-squash* sample ``u``: the policy returns ``u``, the rollout
+buffer stores ``u`` and the environment receives ``a = low + (tanh(u) + 1) / 2 * (high - low)``
+(see :meth:`sb3_ppo_ext.policies.PPOExtActorCriticPolicy.unscale_action`). Scoring the stored ``u``
+instead of inverting a saturated float32 action through ``atanh`` is what keeps the PPO ratio
+exact (SB3's ``SquashedDiagGaussianDistribution`` inverts the action and is off for ``|u| > ~9``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch as th
+from stable_baselines3.common.distributions import (
+    BernoulliDistribution,
+    CategoricalDistribution,
+    DiagGaussianDistribution,
+    Distribution,
+    MultiCategoricalDistribution,
+    StateDependentNoiseDistribution,
+)
+from torch import nn
+from torch.distributions import Bernoulli, Categorical, Normal
+from torch.distributions import kl_divergence as th_kl_divergence
+from torch.nn import functional as F
+
+ENTROPY_ESTIMATORS = ("sample", "gaussian", "mc")
+
+
+def log_tanh_jacobian(u: th.Tensor) -> th.Tensor:
+    """
+    Element-wise ``log(1 - tanh(u)^2)``, computed stably.
+
+    ``1 - tanh(u)^2`` underflows to 0 in float32 for ``|u| > ~9``; the identity
+    ``log(1 - tanh(u)^2) = 2 * (log(2) - u - softplus(-2u))`` stays finite for any finite ``u``.
+
+    :param u: pre-squash values
+    :return: ``log(1 - tanh(u)^2)``, same shape as ``u``
+    """
+    return 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))
+
+
+class TanhSquashedDistribution(Distribution):
+    """
+    A Gaussian over the pre-squash value ``u`` (diagonal or gSDE), pushed through ``tanh`` and
+    an affine map to the action space's ``[low, high]``.
+
+    Everything that SB3 calls an "action" on this distribution is the pre-squash ``u``
+    (``get_actions``, ``sample``, ``mode``, ``log_prob``'s argument): that is what the rollout
+    buffer keeps. ``log_prob(u)`` is the exact log-density of the *environment* action
+    ``a = low + (tanh(u) + 1) (high - low) / 2``:
+
+    ``log p(a) = log N(u) - sum log(1 - tanh(u)^2) - sum log((high - low) / 2)``
+
+    :param base: the SB3 Gaussian distribution over ``u`` (already parametrised)
+    :param log_half_range_sum: ``sum(log((high - low) / 2))`` over the action dimensions
+    :param entropy_estimator: ``"sample"`` (return ``None``: the algorithm uses ``-log_prob`` of
+        the stored actions, SB3's convention), ``"gaussian"`` (closed-form entropy of the
+        pre-squash Gaussian, an upper bound of the squashed one minus the affine constant) or
+        ``"mc"`` (closed form plus a one-sample reparametrised Monte Carlo estimate of
+        ``E[log(1 - tanh(u)^2)]`` plus the affine constant: an unbiased, differentiable estimate
+        of the true entropy of the action the environment receives)
+    """
+
+    def __init__(
+        self,
+        base: DiagGaussianDistribution | StateDependentNoiseDistribution,
+        log_half_range_sum: float,
+        entropy_estimator: str = "mc",
+    ):
+        super().__init__()
+        if entropy_estimator not in ENTROPY_ESTIMATORS:
+            raise ValueError(f"entropy_estimator={entropy_estimator!r} is not one of {ENTROPY_ESTIMATORS}")
+        self.base = base
+        self.distribution = base.distribution
+        self.log_half_range_sum = log_half_range_sum
+        self.entropy_estimator = entropy_estimator
+
+    # The network builders belong to the base distribution; the policy builds it.
+    def proba_distribution_net(self, *args, **kwargs) -> nn.Module | tuple[nn.Module, nn.Parameter]:
+        return self.base.proba_distribution_net(*args, **kwargs)
+
+    def proba_distribution(self, *args, **kwargs) -> TanhSquashedDistribution:
+        self.base.proba_distribution(*args, **kwargs)
+        self.distribution = self.base.distribution
+        return self
+
+    def log_prob(self, actions: th.Tensor) -> th.Tensor:
+        """
+        :param actions: pre-squash values ``u`` (what the rollout buffer stores)
+        :return: log-density of the environment action, summed over action dimensions
+        """
+        return self.base.log_prob(actions) - log_tanh_jacobian(actions).sum(dim=-1) - self.log_half_range_sum
+
+    def entropy(self) -> th.Tensor | None:
+        if self.entropy_estimator == "sample":
+            return None
+        gaussian_entropy = self.distribution.entropy().sum(dim=-1)
+        if self.entropy_estimator == "gaussian":
+            return gaussian_entropy
+        u = self.distribution.rsample()
+        return gaussian_entropy + log_tanh_jacobian(u).sum(dim=-1) + self.log_half_range_sum
+
+    def sample(self) -> th.Tensor:
+        return self.base.sample()
+
+    def mode(self) -> th.Tensor:
+        return self.base.mode()
+
+    def actions_from_params(self, *args, **kwargs) -> th.Tensor:
+        self.proba_distribution(*args, **kwargs)
+        return self.get_actions(deterministic=kwargs.get("deterministic", False))
+
+    def log_prob_from_params(self, *args, **kwargs) -> tuple[th.Tensor, th.Tensor]:
+        actions = self.actions_from_params(*args, **kwargs)
+        return actions, self.log_prob(actions)
+
+
+def torch_distributions(dist: Distribution) -> list[th.distributions.Distribution]:
+    """
+    The torch distribution(s) behind an SB3 distribution, with the batch as first dimension.
+
+    For the squashed head this is the base Gaussian: ``tanh`` and the affine map are
+    bijections, so the KL divergence between two squashed Gaussians equals the KL between
+    their base Gaussians.
+
+    :param dist: a parametrised SB3 distribution
+    :return: list of torch distributions whose KL terms add up to the KL of ``dist``
+    """
+    if isinstance(dist, TanhSquashedDistribution):
+        dist = dist.base
+    if isinstance(dist, MultiCategoricalDistribution):
+        return list(dist.distribution)
+    if isinstance(
+        dist,
+        (DiagGaussianDistribution, StateDependentNoiseDistribution, CategoricalDistribution, BernoulliDistribution),
+    ):
+        return [dist.distribution]
+    raise NotImplementedError(f"No analytic KL for {type(dist).__name__}")
+
+
+def detach_distributions(dists: list[th.distributions.Distribution]) -> list[th.distributions.Distribution]:
+    """Copies of ``dists`` whose parameters are detached from the autograd graph."""
+    return [index_distribution(d, slice(None), detach=True) for d in dists]
+
+
+def index_distribution(
+    dist: th.distributions.Distribution, index: th.Tensor | slice, detach: bool = False
+) -> th.distributions.Distribution:
+    """
+    Select rows of a batched torch distribution.
+
+    :param dist: a ``Normal``, ``Categorical`` or ``Bernoulli`` with the batch as first dimension
+    :param index: rows to keep
+    :param detach: whether to detach the parameters
+    :return: a distribution of the same type over the selected rows
+    """
+
+    def take(t: th.Tensor) -> th.Tensor:
+        t = t[index]
+        return t.detach() if detach else t
+
+    if isinstance(dist, Normal):
+        return Normal(take(dist.loc), take(dist.scale), validate_args=False)
+    if isinstance(dist, Categorical):
+        return Categorical(logits=take(dist.logits), validate_args=False)
+    if isinstance(dist, Bernoulli):
+        return Bernoulli(logits=take(dist.logits), validate_args=False)
+    raise NotImplementedError(f"Cannot index a {type(dist).__name__}")
+
+
+def concat_distributions(chunks: list[list[th.distributions.Distribution]]) -> list[th.distributions.Distribution]:
+    """Concatenate per-chunk lists (as returned by :func:`torch_distributions`) along the batch."""
+    out = []
+    for parts in zip(*chunks):
+        first = parts[0]
+        if isinstance(first, Normal):
+            out.append(Normal(th.cat([p.loc for p in parts]), th.cat([p.scale for p in parts]), validate_args=False))
+        elif isinstance(first, Categorical):
+            out.append(Categorical(logits=th.cat([p.logits for p in parts]), validate_args=False))
+        elif isinstance(first, Bernoulli):
+            out.append(Bernoulli(logits=th.cat([p.logits for p in parts]), validate_args=False))
+        else:
+            raise NotImplementedError(f"Cannot concatenate {type(first).__name__}")
+    return out
+
+
+def analytic_kl(
+    p: list[th.distributions.Distribution], q: list[th.distributions.Distribution]
+) -> th.Tensor:
+    """
+    Per-sample analytic ``KL(p || q)``, summed over action dimensions and sub-distributions.
+
+    :param p: e.g. the old policy's distributions (``torch_distributions``)
+    :param q: e.g. the new policy's distributions, same structure
+    :return: tensor of shape ``(batch,)``
+    """
+    total = None
+    for p_i, q_i in zip(p, q, strict=True):
+        kl = th_kl_divergence(p_i, q_i)
+        if kl.dim() > 1:
+            kl = kl.flatten(start_dim=1).sum(dim=1)
+        total = kl if total is None else total + kl
+    assert total is not None
+    return total
+
+
+def mean_std(dists: list[th.distributions.Distribution]) -> float | None:
+    """Mean standard deviation of Gaussian distributions (``None`` for discrete ones)."""
+    scales = [d.scale for d in dists if isinstance(d, Normal)]
+    if not scales:
+        return None
+    return float(th.cat([s.flatten() for s in scales]).mean().item())
+
+
+def rescale_tanh(u: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """
+    Map pre-squash values to ``[low, high]``: ``low + (tanh(u) + 1) / 2 * (high - low)``.
+
+    Computed in float64 and returned in the dtype of ``low``; the final clip only removes
+    floating-point rounding (the map itself never leaves the box), so no action is ever out of
+    bounds, asymmetric bounds included.
+    """
+    low64, high64 = low.astype(np.float64), high.astype(np.float64)
+    squashed = np.tanh(np.asarray(u, dtype=np.float64))
+    actions = np.clip(low64 + 0.5 * (squashed + 1.0) * (high64 - low64), low64, high64)
+    return actions.astype(low.dtype)

@@ -1,0 +1,270 @@
+"""Actor-critic policies with an exact tanh-squashed Gaussian head."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.distributions import Distribution
+from stable_baselines3.common.policies import ActorCriticPolicy
+from stable_baselines3.common.preprocessing import get_action_dim
+from stable_baselines3.common.torch_layers import CombinedExtractor, NatureCNN
+from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
+from torch import nn
+
+from sb3_ppo_ext.distributions import ENTROPY_ESTIMATORS, TanhSquashedDistribution, rescale_tanh
+
+DEFAULT_LOG_STD_BOUNDS = (-5.0, 2.0)
+DEFAULT_ENTROPY_ESTIMATOR = "mc"
+
+
+class PPOExtActorCriticPolicy(ActorCriticPolicy):
+    """
+    SB3's ``ActorCriticPolicy`` with an exact tanh-squashed Gaussian head for ``Box`` actions.
+
+    With squashing on (the default for ``Box`` action spaces), the policy's "action" is the
+    pre-squash Gaussian sample ``u``: ``forward`` returns it, the rollout buffer stores it and
+    ``evaluate_actions`` scores it, so the log-probability in the PPO ratio is the one computed at
+    sampling time, even for saturated actions. The environment receives
+    ``low + (tanh(u) + 1) / 2 * (high - low)`` through :meth:`unscale_action`, which SB3 applies
+    in ``collect_rollouts`` and ``predict`` whenever ``squash_output`` is true: actions are never
+    out of bounds and never clipped. Deterministic ``predict`` returns the squashed, rescaled mean.
+
+    All other arguments are those of SB3's ``ActorCriticPolicy`` (``net_arch``, ``activation_fn``,
+    ``ortho_init``, ``use_sde``, ``log_std_init``, ``full_std``, ``use_expln``,
+    ``features_extractor_class``, ...). gSDE (``use_sde=True``) combines with squashing: the gSDE
+    Gaussian is the pre-squash distribution.
+
+    Handed to stock ``stable_baselines3.PPO``, the policy behaves the same way: SB3 stores the
+    pre-squash sample, rescales it for the env and scores it exactly, so stock PPO gets exact
+    ratios too. Stock PPO then uses its own objective and logging: no KL penalty, value-clip
+    mode or extra diagnostics; with the ``"sample"`` estimator its entropy term is
+    ``-mean(log_prob)``; ``train/std`` is logged only for a state-independent std.
+
+    :param observation_space: Observation space
+    :param action_space: Action space
+    :param lr_schedule: Learning rate schedule (could be constant)
+    :param squash_output: tanh-squash the Gaussian head. ``None`` (default): on for ``Box``
+        action spaces, off otherwise. ``False`` restores stock PPO's Gaussian-plus-clip.
+        ``True`` with a non-``Box`` action space is a ``ValueError``.
+    :param state_dependent_std: predict the log-std from the actor's latent features with a
+        linear head instead of a state-independent parameter (``Box`` only, not with gSDE)
+    :param log_std_bounds: ``(min, max)`` of the state-dependent log-std, default ``(-5, 2)``;
+        the head's output is mapped smoothly into the range with ``tanh``. Only valid with
+        ``state_dependent_std=True``.
+    :param entropy_estimator: entropy of the squashed head, which has no closed form:
+        ``"mc"`` (default: Gaussian closed form plus a one-sample reparametrised Monte Carlo
+        estimate of ``E[log(1 - tanh(u)^2)]``: unbiased, differentiable, and the entropy of the
+        action the env actually receives), ``"gaussian"`` (closed form of the pre-squash
+        Gaussian: cheapest, but it grows without bound with the std, so an entropy bonus on it
+        rewards pushing actions into saturation) or ``"sample"`` (SB3's estimate
+        ``-mean(log_prob)`` of the stored actions, biased once the policy has moved). Only valid
+        with squashing.
+    :param args: positional arguments of ``ActorCriticPolicy`` after ``lr_schedule``
+    :param kwargs: keyword arguments of ``ActorCriticPolicy``
+    """
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        lr_schedule: Schedule,
+        *args: Any,
+        squash_output: bool | None = None,
+        state_dependent_std: bool = False,
+        log_std_bounds: tuple[float, float] | None = None,
+        entropy_estimator: str | None = None,
+        **kwargs: Any,
+    ):
+        is_box = isinstance(action_space, spaces.Box)
+        use_sde = bool(kwargs.get("use_sde", False))
+        if squash_output is None:
+            squash_output = is_box
+        if squash_output and not is_box:
+            raise ValueError(
+                f"squash_output=True needs a Box action space, got {action_space}; "
+                "use squash_output=None (auto) or False for discrete action spaces"
+            )
+        if state_dependent_std and not is_box:
+            raise ValueError(f"state_dependent_std=True needs a Box action space, got {action_space}")
+        if state_dependent_std and use_sde:
+            raise ValueError("state_dependent_std=True cannot be combined with use_sde=True (gSDE has its own std)")
+        if log_std_bounds is not None:
+            if not state_dependent_std:
+                raise ValueError(
+                    f"log_std_bounds={log_std_bounds!r} only applies with state_dependent_std=True; "
+                    "the state-independent log-std is a free parameter"
+                )
+            bounds = tuple(float(b) for b in log_std_bounds)
+            if len(bounds) != 2 or not all(math.isfinite(b) for b in bounds) or not bounds[0] < bounds[1]:
+                raise ValueError(f"log_std_bounds={log_std_bounds!r} is invalid: expected finite (min, max) with min < max")
+            log_std_bounds = (bounds[0], bounds[1])
+        elif state_dependent_std:
+            log_std_bounds = DEFAULT_LOG_STD_BOUNDS
+        if state_dependent_std:
+            log_std_init = float(kwargs.get("log_std_init", 0.0))
+            assert log_std_bounds is not None
+            if not log_std_bounds[0] < log_std_init < log_std_bounds[1]:
+                raise ValueError(
+                    f"log_std_init={log_std_init} must lie strictly inside log_std_bounds={log_std_bounds} "
+                    "with state_dependent_std=True"
+                )
+        if entropy_estimator is not None:
+            if entropy_estimator not in ENTROPY_ESTIMATORS:
+                raise ValueError(f"entropy_estimator={entropy_estimator!r} is not one of {ENTROPY_ESTIMATORS}")
+            if not squash_output:
+                raise ValueError(
+                    f"entropy_estimator={entropy_estimator!r} only applies to the squashed head "
+                    "(the unsquashed Gaussian's entropy is exact in closed form)"
+                )
+        elif squash_output:
+            entropy_estimator = DEFAULT_ENTROPY_ESTIMATOR
+
+        # Plain attributes read by ``_build``, which ``ActorCriticPolicy.__init__`` calls.
+        self.state_dependent_std = bool(state_dependent_std)
+        self.log_std_bounds = log_std_bounds
+        self.entropy_estimator = entropy_estimator
+        # SB3 asserts that squash_output needs gSDE: build unsquashed, then switch squashing on.
+        super().__init__(observation_space, action_space, lr_schedule, *args, squash_output=False, **kwargs)
+        self._squash_output = bool(squash_output)
+        if self._squash_output:
+            assert isinstance(action_space, spaces.Box)
+            half_range = (action_space.high.astype(np.float64) - action_space.low.astype(np.float64)) / 2.0
+            self._log_half_range_sum = float(np.log(half_range).sum())
+
+    def _get_constructor_parameters(self) -> dict[str, Any]:
+        data = super()._get_constructor_parameters()
+        data.update(
+            squash_output=self.squash_output,
+            state_dependent_std=self.state_dependent_std,
+            log_std_bounds=self.log_std_bounds if self.state_dependent_std else None,
+            entropy_estimator=self.entropy_estimator,
+        )
+        # SB3 saves gSDE's own squash flag under the same name; ours is always the one to restore.
+        return data
+
+    def _build(self, lr_schedule: Schedule) -> None:
+        super()._build(lr_schedule)
+        if not self.state_dependent_std:
+            return
+        # Replace the state-independent log-std parameter by a linear head on the actor latent.
+        del self.log_std
+        self.log_std_net = nn.Linear(self.mlp_extractor.latent_dim_pi, get_action_dim(self.action_space))
+        if self.ortho_init:
+            self.init_weights(self.log_std_net, gain=0.01)
+        assert self.log_std_bounds is not None
+        low, high = self.log_std_bounds
+        # Bias such that the initial (small-weight) head outputs log_std_init.
+        with th.no_grad():
+            self.log_std_net.bias.fill_(math.atanh(2.0 * (self.log_std_init - low) / (high - low) - 1.0))
+        # The optimizer built by SB3 does not know the new head: rebuild it the same way.
+        self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)  # type: ignore[call-arg]
+
+    def _bounded_log_std(self, latent_pi: th.Tensor) -> th.Tensor:
+        assert self.log_std_bounds is not None
+        low, high = self.log_std_bounds
+        return low + 0.5 * (high - low) * (th.tanh(self.log_std_net(latent_pi)) + 1.0)
+
+    def _get_action_dist_from_latent(self, latent_pi: th.Tensor) -> Distribution:
+        if self.state_dependent_std:
+            distribution = self.action_dist.proba_distribution(self.action_net(latent_pi), self._bounded_log_std(latent_pi))  # type: ignore[call-arg]
+        else:
+            distribution = super()._get_action_dist_from_latent(latent_pi)
+        if self.squash_output:
+            assert self.entropy_estimator is not None
+            return TanhSquashedDistribution(
+                distribution,  # type: ignore[arg-type]
+                self._log_half_range_sum,
+                self.entropy_estimator,
+            )
+        return distribution
+
+    def _latents(self, obs: PyTorchObs) -> tuple[th.Tensor, th.Tensor]:
+        # Same steps as the start of SB3's ``evaluate_actions``, which has no hook returning latents.
+        features = self.extract_features(obs)
+        if self.share_features_extractor:
+            return self.mlp_extractor(features)
+        pi_features, vf_features = features
+        return self.mlp_extractor.forward_actor(pi_features), self.mlp_extractor.forward_critic(vf_features)
+
+    def evaluate_actions_and_distribution(
+        self, obs: PyTorchObs, actions: th.Tensor
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Distribution]:
+        """
+        ``evaluate_actions`` that also returns the action distribution, so that PPOExt can
+        compute the analytic KL penalty without a second forward pass.
+
+        :param obs: Observation
+        :param actions: Actions as stored in the rollout buffer (pre-squash for the squashed head)
+        :return: estimated value, log likelihood of the actions, entropy (``None`` when it is
+            to be estimated from samples) and the action distribution
+        """
+        latent_pi, latent_vf = self._latents(obs)
+        distribution = self._get_action_dist_from_latent(latent_pi)
+        return self.value_net(latent_vf), distribution.log_prob(actions), distribution.entropy(), distribution
+
+    def evaluate_actions(self, obs: PyTorchObs, actions: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:
+        values, log_prob, entropy, _ = self.evaluate_actions_and_distribution(obs, actions)
+        return values, log_prob, entropy
+
+    def unscale_action(self, scaled_action: np.ndarray) -> np.ndarray:
+        """
+        With squashing: map the pre-squash action ``u`` to the env's ``[low, high]`` with
+        ``low + (tanh(u) + 1) / 2 * (high - low)``. Without: SB3's affine map from ``[-1, 1]``.
+
+        :param scaled_action: pre-squash action (squashed head) or action in ``[-1, 1]``
+        :return: action in the env's bounds
+        """
+        if not self.squash_output:
+            return super().unscale_action(scaled_action)
+        assert isinstance(self.action_space, spaces.Box)
+        return rescale_tanh(scaled_action, self.action_space.low, self.action_space.high)
+
+    def scale_action(self, action: np.ndarray) -> np.ndarray:
+        """
+        Inverse of :meth:`unscale_action`. With squashing this is ``atanh`` of the action scaled
+        to ``[-1, 1]``, clamped to ``|u| <= 9`` (float32 ``tanh`` saturates there): PPOExt never
+        needs it, because it stores the pre-squash sample instead of inverting actions.
+
+        :param action: action in the env's bounds
+        :return: pre-squash action (squashed head) or action in ``[-1, 1]``
+        """
+        scaled = super().scale_action(action)
+        if not self.squash_output:
+            return scaled
+        bound = np.tanh(9.0)
+        return np.arctanh(np.clip(scaled, -bound, bound))
+
+
+class PPOExtActorCriticCnnPolicy(PPOExtActorCriticPolicy):
+    """
+    :class:`PPOExtActorCriticPolicy` with SB3's ``NatureCNN`` features extractor by default.
+
+    :param args: arguments of :class:`PPOExtActorCriticPolicy`
+    :param features_extractor_class: Features extractor to use
+    :param kwargs: keyword arguments of :class:`PPOExtActorCriticPolicy`
+    """
+
+    def __init__(self, *args: Any, features_extractor_class: type = NatureCNN, **kwargs: Any):
+        super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
+
+
+class PPOExtMultiInputActorCriticPolicy(PPOExtActorCriticPolicy):
+    """
+    :class:`PPOExtActorCriticPolicy` for ``Dict`` observation spaces (SB3's ``CombinedExtractor``).
+
+    :param args: arguments of :class:`PPOExtActorCriticPolicy`
+    :param features_extractor_class: Features extractor to use
+    :param kwargs: keyword arguments of :class:`PPOExtActorCriticPolicy`
+    """
+
+    def __init__(self, *args: Any, features_extractor_class: type = CombinedExtractor, **kwargs: Any):
+        super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
+
+
+MlpPolicy = PPOExtActorCriticPolicy
+CnnPolicy = PPOExtActorCriticCnnPolicy
+MultiInputPolicy = PPOExtMultiInputActorCriticPolicy

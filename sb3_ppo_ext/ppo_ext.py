@@ -1,0 +1,548 @@
+"""PPOExt: SB3's PPO with a squashed Gaussian head, both value-clip forms, a KL penalty and diagnostics."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3 import PPO
+from stable_baselines3.common.buffers import RolloutBuffer
+from stable_baselines3.common.distributions import Distribution
+from stable_baselines3.common.policies import ActorCriticPolicy, BasePolicy
+from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, PyTorchObs, Schedule
+from stable_baselines3.common.utils import FloatSchedule, explained_variance
+
+from sb3_ppo_ext import losses
+from sb3_ppo_ext.distributions import (
+    analytic_kl,
+    concat_distributions,
+    detach_distributions,
+    index_distribution,
+    mean_std,
+    torch_distributions,
+)
+from sb3_ppo_ext.policies import CnnPolicy, MlpPolicy, MultiInputPolicy
+
+SelfPPOExt = TypeVar("SelfPPOExt", bound="PPOExt")
+
+# Threshold on |a| (in [-1, 1] units) above which a squashed action component counts as saturated.
+SATURATION_THRESHOLD = 0.99
+# Rows per forward pass when computing the whole rollout's distributions before and after an update.
+DISTRIBUTION_CHUNK = 2048
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Raised by :meth:`PPOExt.train` before a non-finite loss or gradient reaches the parameters."""
+
+
+def _positive_or_schedule(name: str, value: Any, allow_none: bool) -> None:
+    """ValueError unless ``value`` is a positive finite number, a schedule positive at progress 1, or an allowed None."""
+    if value is None:
+        if not allow_none:
+            raise ValueError(f"{name}=None is not allowed: expected a positive float or a schedule")
+        return
+    if callable(value):
+        start = value(1.0)
+        if not (isinstance(start, (int, float)) and math.isfinite(start) and start > 0):
+            raise ValueError(f"{name} is a schedule whose initial value {start!r} is not a positive float")
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        allowed = "a positive float, a schedule" + (" or None" if allow_none else "")
+        raise ValueError(f"{name}={value!r} is invalid: expected {allowed}")
+
+
+def _index_observations(obs: PyTorchObs, index: th.Tensor | slice) -> PyTorchObs:
+    if isinstance(obs, dict):
+        return {key: value[index] for key, value in obs.items()}
+    return obs[index]
+
+
+class _UpdateStats:
+    """Sample-weighted means (and extremes) of per-minibatch diagnostics over a whole update."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, th.Tensor] = {}
+        self.weights: dict[str, float] = {}
+        self.minimum: dict[str, th.Tensor] = {}
+        self.maximum: dict[str, th.Tensor] = {}
+
+    def add_mean(self, weight: float, **values: th.Tensor) -> None:
+        for key, value in values.items():
+            value = value.detach() * weight
+            self.sums[key] = self.sums[key] + value if key in self.sums else value
+            self.weights[key] = self.weights.get(key, 0.0) + weight
+
+    def add_extremes(self, key: str, values: th.Tensor) -> None:
+        low, high = values.detach().min(), values.detach().max()
+        self.minimum[key] = th.minimum(self.minimum[key], low) if key in self.minimum else low
+        self.maximum[key] = th.maximum(self.maximum[key], high) if key in self.maximum else high
+
+    def mean(self, key: str) -> float:
+        return float(self.sums[key].item() / self.weights[key])
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.sums
+
+
+class PPOExt(PPO):
+    """
+    Proximal Policy Optimization with the extensions SB3's PPO lacks; a drop-in for ``PPO``.
+
+    - an exact tanh-squashed Gaussian head for ``Box`` actions, on by default
+      (see :class:`sb3_ppo_ext.policies.PPOExtActorCriticPolicy`; ``policy_kwargs=dict(squash_output=False)``
+      restores stock PPO's Gaussian-plus-clip);
+    - the value loss clipped in SB3's form or the max-of-two form of PPO2 (``vf_clip_mode``);
+    - the KL-penalty objective of PPO1, with a fixed or adaptive coefficient, alone or together
+      with the clipped surrogate (Schulman et al. 2017, sections 3-4);
+    - diagnostics averaged over every minibatch of every epoch run, in the ``train/`` namespace.
+
+    PPO1 is ``clip_range=None, kl_coef=1.0, kl_target=0.01``; the defaults are PPO2.
+
+    Paper: https://arxiv.org/abs/1707.06347
+
+    :param policy: The policy model to use (MlpPolicy, CnnPolicy, MultiInputPolicy, ...)
+    :param env: The environment to learn from (if registered in Gym, can be str)
+    :param learning_rate: The learning rate, it can be a function of the current progress remaining (from 1 to 0)
+    :param n_steps: The number of steps to run for each environment per update
+    :param batch_size: Minibatch size
+    :param n_epochs: Number of epoch when optimizing the surrogate loss
+    :param gamma: Discount factor
+    :param gae_lambda: Factor for trade-off of bias vs variance for Generalized Advantage Estimator
+    :param clip_range: Clipping parameter of the surrogate objective; a positive float, a schedule
+        of the progress remaining (from 1 to 0), or ``None`` to turn clipping off
+    :param clip_range_vf: Clipping parameter for the value function (float or schedule), or
+        ``None`` (default) for no value clipping. This depends on the reward scaling.
+    :param vf_clip_mode: With ``clip_range_vf``: ``"clipped"`` (SB3's form, loss on the clipped
+        prediction only) or ``"max"`` (baselines PPO2 / CleanRL: ``mean(max((V-R)^2, (V_clip-R)^2))``).
+        Both use SB3's scale (MSE without 0.5), so ``vf_coef`` means the same in each.
+    :param normalize_advantage: Whether to normalize or not the advantage
+    :param ent_coef: Entropy coefficient for the loss calculation
+    :param vf_coef: Value function coefficient for the loss calculation
+    :param kl_coef: Initial coefficient ``beta`` of the KL penalty ``beta * KL(pi_old || pi)``;
+        0 (default) turns the penalty off. The KL is analytic for every head.
+    :param kl_target: ``d_targ`` of the adaptive coefficient, or ``None`` for a fixed ``beta``.
+        After each update (never per minibatch), with ``d`` the mean ``KL(pi_old || pi)`` over the
+        rollout: ``d < d_targ / kl_adapt_tolerance`` divides ``beta`` by ``kl_adapt_factor``,
+        ``d > d_targ * kl_adapt_tolerance`` multiplies it. Needs ``kl_coef > 0``.
+    :param kl_adapt_factor: Multiplicative step of the adaptive coefficient (paper: 2), > 1
+    :param kl_adapt_tolerance: Tolerance band of the adaptive coefficient (paper: 1.5), > 1
+    :param kl_coef_bounds: ``(min, max)`` within which the adaptive ``beta`` is kept
+    :param max_grad_norm: The maximum value for the gradient clipping
+    :param use_sde: Whether to use generalized State Dependent Exploration (gSDE)
+        instead of action noise exploration (default: False)
+    :param sde_sample_freq: Sample a new noise matrix every n steps when using gSDE
+        Default: -1 (only sample at the beginning of the rollout)
+    :param rollout_buffer_class: Rollout buffer class to use. If ``None``, it will be automatically selected.
+    :param rollout_buffer_kwargs: Keyword arguments to pass to the rollout buffer on creation
+    :param target_kl: Limit the KL divergence between updates (SB3's early stopping on the
+        per-minibatch ``approx_kl``), ``None`` for no limit
+    :param stats_window_size: Window size for the rollout logging, specifying the number of episodes to average
+        the reported success rate, mean episode length, and mean reward over
+    :param tensorboard_log: the log location for tensorboard (if None, no logging)
+    :param policy_kwargs: additional arguments to be passed to the policy on creation, including
+        ``squash_output``, ``state_dependent_std``, ``log_std_bounds`` and ``entropy_estimator``
+    :param verbose: Verbosity level: 0 for no output, 1 for info messages (such as device or wrappers used), 2 for
+        debug messages
+    :param seed: Seed for the pseudo random generators
+    :param device: Device (cpu, cuda, ...) on which the code should be run.
+        Setting it to auto, the code will be run on the GPU if possible.
+    :param _init_setup_model: Whether or not to build the network at the creation of the instance
+    """
+
+    policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
+        "MlpPolicy": MlpPolicy,
+        "CnnPolicy": CnnPolicy,
+        "MultiInputPolicy": MultiInputPolicy,
+    }
+    policy: ActorCriticPolicy
+    clip_range: Schedule | None  # type: ignore[assignment]
+
+    def __init__(
+        self,
+        policy: str | type[ActorCriticPolicy],
+        env: GymEnv | str,
+        learning_rate: float | Schedule = 3e-4,
+        n_steps: int = 2048,
+        batch_size: int = 64,
+        n_epochs: int = 10,
+        gamma: float = 0.99,
+        gae_lambda: float = 0.95,
+        clip_range: float | Schedule | None = 0.2,
+        clip_range_vf: float | Schedule | None = None,
+        vf_clip_mode: str = "clipped",
+        normalize_advantage: bool = True,
+        ent_coef: float = 0.0,
+        vf_coef: float = 0.5,
+        kl_coef: float = 0.0,
+        kl_target: float | None = None,
+        kl_adapt_factor: float = 2.0,
+        kl_adapt_tolerance: float = 1.5,
+        kl_coef_bounds: tuple[float, float] = (1e-4, 1e4),
+        max_grad_norm: float = 0.5,
+        use_sde: bool = False,
+        sde_sample_freq: int = -1,
+        rollout_buffer_class: type[RolloutBuffer] | None = None,
+        rollout_buffer_kwargs: dict[str, Any] | None = None,
+        target_kl: float | None = None,
+        stats_window_size: int = 100,
+        tensorboard_log: str | None = None,
+        policy_kwargs: dict[str, Any] | None = None,
+        verbose: int = 0,
+        seed: int | None = None,
+        device: th.device | str = "auto",
+        _init_setup_model: bool = True,
+    ):
+        self._check_arguments(
+            clip_range=clip_range,
+            clip_range_vf=clip_range_vf,
+            vf_clip_mode=vf_clip_mode,
+            kl_coef=kl_coef,
+            kl_target=kl_target,
+            kl_adapt_factor=kl_adapt_factor,
+            kl_adapt_tolerance=kl_adapt_tolerance,
+            kl_coef_bounds=kl_coef_bounds,
+            max_grad_norm=max_grad_norm,
+            target_kl=target_kl,
+        )
+        super().__init__(
+            policy,
+            env,
+            learning_rate=learning_rate,
+            n_steps=n_steps,
+            batch_size=batch_size,
+            n_epochs=n_epochs,
+            gamma=gamma,
+            gae_lambda=gae_lambda,
+            clip_range=clip_range,  # type: ignore[arg-type]
+            clip_range_vf=clip_range_vf,
+            normalize_advantage=normalize_advantage,
+            ent_coef=ent_coef,
+            vf_coef=vf_coef,
+            max_grad_norm=max_grad_norm,
+            use_sde=use_sde,
+            sde_sample_freq=sde_sample_freq,
+            rollout_buffer_class=rollout_buffer_class,
+            rollout_buffer_kwargs=rollout_buffer_kwargs,
+            target_kl=target_kl,
+            stats_window_size=stats_window_size,
+            tensorboard_log=tensorboard_log,
+            policy_kwargs=policy_kwargs,
+            verbose=verbose,
+            seed=seed,
+            device=device,
+            _init_setup_model=False,
+        )
+        self.vf_clip_mode = vf_clip_mode
+        self.kl_coef = float(kl_coef)
+        self.kl_target = None if kl_target is None else float(kl_target)
+        self.kl_adapt_factor = float(kl_adapt_factor)
+        self.kl_adapt_tolerance = float(kl_adapt_tolerance)
+        self.kl_coef_bounds = (float(kl_coef_bounds[0]), float(kl_coef_bounds[1]))
+        # The live beta: adapted after each update, saved with the model, carried on by a
+        # continued ``learn``. Set here and not in ``_setup_model`` so that ``load`` (which calls
+        # ``_setup_model`` after restoring the saved attributes) keeps the saved value.
+        self.current_kl_coef = self.kl_coef
+
+        if _init_setup_model:
+            self._setup_model()
+
+    @staticmethod
+    def _check_arguments(
+        clip_range: Any,
+        clip_range_vf: Any,
+        vf_clip_mode: Any,
+        kl_coef: Any,
+        kl_target: Any,
+        kl_adapt_factor: Any,
+        kl_adapt_tolerance: Any,
+        kl_coef_bounds: Any,
+        max_grad_norm: Any,
+        target_kl: Any,
+    ) -> None:
+        """Raise ValueError, naming the parameter, the value and what is allowed, for any invalid argument."""
+        _positive_or_schedule("clip_range", clip_range, allow_none=True)
+        _positive_or_schedule("clip_range_vf", clip_range_vf, allow_none=True)
+        if vf_clip_mode not in losses.VF_CLIP_MODES:
+            raise ValueError(f"vf_clip_mode={vf_clip_mode!r} is invalid: expected one of {losses.VF_CLIP_MODES}")
+        if vf_clip_mode == "max" and clip_range_vf is None:
+            raise ValueError("vf_clip_mode='max' needs clip_range_vf (a positive float or schedule); it is None")
+        if isinstance(kl_coef, bool) or not isinstance(kl_coef, (int, float)) or not math.isfinite(kl_coef) or kl_coef < 0:
+            raise ValueError(f"kl_coef={kl_coef!r} is invalid: expected a finite float >= 0 (0 turns the KL penalty off)")
+        if kl_target is not None:
+            if isinstance(kl_target, bool) or not isinstance(kl_target, (int, float)) or not kl_target > 0:
+                raise ValueError(f"kl_target={kl_target!r} is invalid: expected a float > 0 or None")
+            if kl_coef == 0:
+                raise ValueError(
+                    f"kl_target={kl_target!r} needs kl_coef > 0 (the initial beta); with kl_coef=0 the penalty is off"
+                )
+        for name, value in (("kl_adapt_factor", kl_adapt_factor), ("kl_adapt_tolerance", kl_adapt_tolerance)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 1):
+                raise ValueError(f"{name}={value!r} is invalid: expected a finite float > 1")
+        try:
+            low, high = (float(b) for b in kl_coef_bounds)
+        except (TypeError, ValueError):
+            raise ValueError(f"kl_coef_bounds={kl_coef_bounds!r} is invalid: expected (min, max) floats") from None
+        if not (0 < low <= high and math.isfinite(high)):
+            raise ValueError(f"kl_coef_bounds={kl_coef_bounds!r} is invalid: expected finite 0 < min <= max")
+        if kl_target is not None and not low <= kl_coef <= high:
+            raise ValueError(f"kl_coef={kl_coef!r} must lie within kl_coef_bounds={kl_coef_bounds!r} when kl_target is set")
+        if isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, (int, float)) or not max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm={max_grad_norm!r} is invalid: expected a float > 0")
+        if target_kl is not None and (isinstance(target_kl, bool) or not isinstance(target_kl, (int, float)) or not target_kl > 0):
+            raise ValueError(f"target_kl={target_kl!r} is invalid: expected a float > 0 or None")
+
+    def _setup_model(self) -> None:
+        # PPO._setup_model wraps ``clip_range`` in a FloatSchedule unconditionally, which rejects
+        # ``None`` (clipping off): run the on-policy setup it builds on and convert here instead.
+        super(PPO, self)._setup_model()
+        if self.clip_range is not None:
+            self.clip_range = FloatSchedule(self.clip_range)
+        if self.clip_range_vf is not None:
+            self.clip_range_vf = FloatSchedule(self.clip_range_vf)
+
+    @property
+    def kl_penalty(self) -> bool:
+        """Whether the KL penalty is part of the objective (``kl_coef > 0``)."""
+        return self.kl_coef > 0
+
+    def _evaluate(
+        self, obs: PyTorchObs, actions: th.Tensor, need_distribution: bool
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Distribution | None]:
+        """Values, log-probabilities, entropy and (if needed) the action distribution on a minibatch."""
+        if hasattr(self.policy, "evaluate_actions_and_distribution"):
+            return self.policy.evaluate_actions_and_distribution(obs, actions)
+        # A plain SB3 ActorCriticPolicy: a second actor pass yields the distribution.
+        values, log_prob, entropy = self.policy.evaluate_actions(obs, actions)
+        return values, log_prob, entropy, self.policy.get_distribution(obs) if need_distribution else None
+
+    def _rollout_distributions(self, obs: PyTorchObs, n_samples: int) -> list[th.distributions.Distribution]:
+        """The policy's (detached) action distributions on the whole rollout, in eval mode, in chunks."""
+        self.policy.set_training_mode(False)
+        chunks = []
+        with th.no_grad():
+            for start in range(0, n_samples, DISTRIBUTION_CHUNK):
+                index = slice(start, start + DISTRIBUTION_CHUNK)
+                chunks.append(detach_distributions(torch_distributions(self.policy.get_distribution(_index_observations(obs, index)))))
+        return concat_distributions(chunks)
+
+    def _minibatches(self, n_samples: int) -> Iterator[th.Tensor]:
+        """Indices of one epoch's minibatches: a fresh permutation cut in ``batch_size`` pieces."""
+        permutation = th.as_tensor(np.random.permutation(n_samples), device=self.device)
+        yield from th.split(permutation, self.batch_size)
+
+    def _raise_non_finite(self, what: str, epoch: int, terms: dict[str, th.Tensor]) -> None:
+        details = ", ".join(f"{name}={value.item():.6g}" for name, value in terms.items())
+        self.policy.optimizer.zero_grad()
+        raise NonFiniteLossError(
+            f"PPOExt.train(): non-finite {what} at update {self._n_updates} (epoch {epoch}): {details}. "
+            "No parameter was updated with it, so the model and its saved checkpoints are intact. "
+            "Check the environment's observations and rewards for NaN/inf (VecCheckNan), "
+            "observation/reward normalisation and the learning rate."
+        )
+
+    def train(self) -> None:
+        """
+        Update policy using the currently gathered rollout buffer.
+
+        Written out rather than extending ``PPO.train``, which has no hook for extra loss terms
+        or for per-minibatch statistics; the steps and their order follow SB3's.
+        """
+        self._update_learning_rate(self.policy.optimizer)
+        progress = self._current_progress_remaining
+        clip_range = None if self.clip_range is None else float(self.clip_range(progress))
+        clip_range_vf = None if self.clip_range_vf is None else float(self.clip_range_vf(progress))  # type: ignore[operator]
+        kl_coef = self.current_kl_coef if self.kl_penalty else 0.0
+
+        # The whole rollout once as tensors; minibatches are slices of it.
+        rollout = next(self.rollout_buffer.get(batch_size=None))
+        n_samples = rollout.advantages.shape[0]
+        all_actions = rollout.actions
+        if isinstance(self.action_space, spaces.Discrete):
+            all_actions = all_actions.long().flatten()
+        # pi_old on every sample, in the mode it was sampled in (eval), for the analytic KL.
+        old_distributions = self._rollout_distributions(rollout.observations, n_samples)
+        self.policy.set_training_mode(True)
+
+        stats = _UpdateStats()
+        grad_norms: list[th.Tensor] = []
+        continue_training = True
+        epochs_completed = 0
+        for epoch in range(self.n_epochs):
+            for index in self._minibatches(n_samples):
+                weight = float(len(index))
+                actions = all_actions[index]
+                values, log_prob, entropy, distribution = self._evaluate(
+                    _index_observations(rollout.observations, index), actions, need_distribution=self.kl_penalty
+                )
+                values = values.flatten()
+                advantages = rollout.advantages[index]
+                # Normalization does not make sense if mini batchsize == 1, see SB3 GH issue #325
+                if self.normalize_advantage and len(advantages) > 1:
+                    advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+
+                # ratio between old and new policy, should be one at the first minibatch
+                log_ratio = log_prob - rollout.old_log_prob[index]
+                ratio = th.exp(log_ratio)
+                policy_loss = losses.clipped_surrogate_loss(advantages, ratio, clip_range)
+
+                if kl_coef > 0:
+                    assert distribution is not None
+                    old = [index_distribution(d, index) for d in old_distributions]
+                    kl_penalty = losses.kl_penalty_loss(analytic_kl(old, torch_distributions(distribution)), kl_coef)
+                else:
+                    kl_penalty = th.zeros((), device=self.device)
+
+                value_loss = losses.value_loss(
+                    values, rollout.old_values[index], rollout.returns[index], clip_range_vf, self.vf_clip_mode
+                )
+                # Entropy loss favors exploration; approximate it from samples when there is no closed form
+                entropy_mean = -th.mean(log_prob) if entropy is None else th.mean(entropy)
+                entropy_loss = -entropy_mean
+
+                loss = policy_loss + kl_penalty + self.ent_coef * entropy_loss + self.vf_coef * value_loss
+
+                with th.no_grad():
+                    approx_kl = losses.approx_kl_k3(log_ratio)
+                    batch_stats = dict(
+                        policy_gradient_loss=policy_loss,
+                        value_loss=value_loss,
+                        entropy_loss=entropy_loss,
+                        entropy=entropy_mean,
+                        loss=loss,
+                        approx_kl=approx_kl,
+                    )
+                    if clip_range is not None:
+                        batch_stats["clip_fraction"] = losses.clip_fraction(ratio, clip_range)
+                    if clip_range_vf is not None:
+                        batch_stats["clip_fraction_vf"] = losses.value_clip_fraction(
+                            values, rollout.old_values[index], clip_range_vf
+                        )
+                    if kl_coef > 0:
+                        batch_stats["kl_penalty"] = kl_penalty
+                    stats.add_mean(weight, **batch_stats)
+                    stats.add_extremes("ratio", ratio)
+
+                if not th.isfinite(loss):
+                    self._raise_non_finite(
+                        "loss",
+                        epoch,
+                        dict(policy_gradient_loss=policy_loss, value_loss=value_loss, entropy_loss=entropy_loss, kl_penalty=kl_penalty),
+                    )
+
+                # Early stopping on SB3's criterion, see SB3 issue #417 and PR #419
+                if self.target_kl is not None and approx_kl > 1.5 * self.target_kl:
+                    continue_training = False
+                    if self.verbose >= 1:
+                        self.logger.info(f"Early stopping at step {epoch} due to reaching max kl: {approx_kl.item():.2f}")
+                    break
+
+                self.policy.optimizer.zero_grad()
+                loss.backward()
+                grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+                if not th.isfinite(grad_norm):
+                    self._raise_non_finite("gradient", epoch, dict(grad_norm=grad_norm, loss=loss))
+                grad_norms.append(grad_norm.detach())
+                self.policy.optimizer.step()
+
+            self._n_updates += 1
+            if not continue_training:
+                break
+            epochs_completed += 1
+
+        # pi_new on every sample: the analytic KL(pi_old || pi_new) of this update.
+        new_distributions = self._rollout_distributions(rollout.observations, n_samples)
+        kl = analytic_kl(old_distributions, new_distributions)
+        mean_kl = float(kl.mean().item())
+        if self.kl_penalty and self.kl_target is not None:
+            self.current_kl_coef = losses.adapt_kl_coef(
+                self.current_kl_coef,
+                mean_kl,
+                self.kl_target,
+                factor=self.kl_adapt_factor,
+                tolerance=self.kl_adapt_tolerance,
+                bounds=self.kl_coef_bounds,
+            )
+
+        self._log_update(
+            stats,
+            grad_norms,
+            epochs_completed=epochs_completed,
+            mean_kl=mean_kl,
+            max_kl=float(kl.max().item()),
+            kl_coef=kl_coef,
+            all_actions=all_actions,
+            new_distributions=new_distributions,
+            clip_range=clip_range,
+            clip_range_vf=clip_range_vf,
+        )
+
+    def _log_update(
+        self,
+        stats: _UpdateStats,
+        grad_norms: list[th.Tensor],
+        epochs_completed: int,
+        mean_kl: float,
+        max_kl: float,
+        kl_coef: float,
+        all_actions: th.Tensor,
+        new_distributions: list[th.distributions.Distribution],
+        clip_range: float | None,
+        clip_range_vf: float | None,
+    ) -> None:
+        """Record an update's diagnostics under ``train/`` (see the README's metrics glossary)."""
+        record = self.logger.record
+        for key in ("entropy_loss", "policy_gradient_loss", "value_loss", "approx_kl", "loss", "entropy"):
+            record(f"train/{key}", stats.mean(key))
+        if "clip_fraction" in stats:
+            record("train/clip_fraction", stats.mean("clip_fraction"))
+        if "clip_fraction_vf" in stats:
+            record("train/clip_fraction_vf", stats.mean("clip_fraction_vf"))
+        if "kl_penalty" in stats:
+            record("train/kl_penalty", stats.mean("kl_penalty"))
+        record("train/ratio_min", float(stats.minimum["ratio"].item()))
+        record("train/ratio_max", float(stats.maximum["ratio"].item()))
+        if grad_norms:
+            record("train/grad_norm", float(th.stack(grad_norms).mean().item()))
+        record("train/kl", mean_kl)
+        record("train/kl_max", max_kl)
+        if self.kl_penalty:
+            record("train/kl_coef", kl_coef)
+        record("train/epochs_completed", epochs_completed)
+        std = mean_std(new_distributions)
+        if std is not None:
+            record("train/std", std)
+        if self.policy.squash_output:
+            saturated = th.abs(th.tanh(all_actions)) > SATURATION_THRESHOLD
+            record("train/action_saturation", float(saturated.float().mean().item()))
+        explained_var = explained_variance(self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten())
+        record("train/explained_variance", explained_var)
+        record("train/n_updates", self._n_updates, exclude="tensorboard")
+        if clip_range is not None:
+            record("train/clip_range", clip_range)
+        if clip_range_vf is not None:
+            record("train/clip_range_vf", clip_range_vf)
+
+    def learn(
+        self: SelfPPOExt,
+        total_timesteps: int,
+        callback: MaybeCallback = None,
+        log_interval: int = 1,
+        tb_log_name: str = "PPOExt",
+        reset_num_timesteps: bool = True,
+        progress_bar: bool = False,
+    ) -> SelfPPOExt:
+        return super().learn(
+            total_timesteps=total_timesteps,
+            callback=callback,
+            log_interval=log_interval,
+            tb_log_name=tb_log_name,
+            reset_num_timesteps=reset_num_timesteps,
+            progress_bar=progress_bar,
+        )
+
+
+__all__ = ["NonFiniteLossError", "PPOExt"]
