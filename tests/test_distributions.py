@@ -1,0 +1,170 @@
+"""The squashed head and the analytic KL, each checked against an independent computation."""
+
+import math
+
+import numpy as np
+import pytest
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.distributions import (
+    BernoulliDistribution,
+    CategoricalDistribution,
+    DiagGaussianDistribution,
+    MultiCategoricalDistribution,
+    StateDependentNoiseDistribution,
+)
+from torch.distributions import AffineTransform, Normal, TanhTransform, TransformedDistribution
+
+from sb3_ppo_ext.distributions import (
+    TanhSquashedDistribution,
+    analytic_kl,
+    log_tanh_jacobian,
+    rescale_tanh,
+    torch_distributions,
+)
+
+
+def squashed(mean, log_std, low, high, estimator="mc", dtype=th.float64):
+    base = DiagGaussianDistribution(mean.shape[-1]).proba_distribution(mean.to(dtype), log_std.to(dtype))
+    log_half_range = float(np.log((np.asarray(high, dtype=np.float64) - np.asarray(low, dtype=np.float64)) / 2).sum())
+    return TanhSquashedDistribution(base, log_half_range, estimator)
+
+
+def reference(mean, log_std, low, high):
+    """torch's own composition: Normal -> tanh -> affine to [low, high] (transforms cache the pre-image)."""
+    low, high = th.as_tensor(low, dtype=th.float64), th.as_tensor(high, dtype=th.float64)
+    transforms = [TanhTransform(cache_size=1), AffineTransform((high + low) / 2, (high - low) / 2, cache_size=1)]
+    return TransformedDistribution(Normal(mean.double(), log_std.double().exp()), transforms)
+
+
+@pytest.mark.parametrize("dtype", [th.float64, th.float32])
+def test_log_prob_matches_torch_transformed_distribution_up_to_15(dtype):
+    low, high = [-1.0, 0.0, -2.0], [3.0, 0.5, 2.0]
+    u = th.linspace(-15.0, 15.0, 301, dtype=th.float64).unsqueeze(1).repeat(1, 3)
+    u[:, 1] = u[:, 1].flip(0)  # mixed signs across dimensions
+    mean = th.tensor([[0.3, -0.5, 1.0]], dtype=th.float64).expand_as(u)
+    log_std = th.tensor([0.5, -0.2, 1.5], dtype=th.float64)
+    ref = reference(mean, log_std, low, high)
+    # The reference scores y through its cached pre-image (exactly u), like PPOExt scores the stored u.
+    y = ref.transforms[1](ref.transforms[0](u))
+    expected = ref.log_prob(y).sum(dim=1)
+    ours = squashed(mean, log_std, low, high, dtype=dtype).log_prob(u.to(dtype))
+    assert ours.dtype == dtype
+    assert th.allclose(ours.double(), expected, rtol=0, atol=1e-4), (ours.double() - expected).abs().max()
+
+
+@pytest.mark.parametrize("dtype", [th.float32, th.float64])
+def test_log_prob_stays_finite_beyond(dtype):
+    u = th.tensor([[-1e4, 40.0], [-88.0, 100.0], [1e3, -30.0]], dtype=dtype)
+    dist = squashed(th.zeros(3, 2), th.zeros(2), [-1, -1], [1, 1], dtype=dtype)
+    assert th.isfinite(dist.log_prob(u)).all()
+    assert th.isfinite(log_tanh_jacobian(u)).all()
+    # float32's naive 1 - tanh(u)^2 underflows to 0 (log = -inf) here; the stable form does not.
+    assert th.isinf(th.log(1 - th.tanh(th.tensor(20.0)) ** 2))
+
+
+def test_log_tanh_jacobian_matches_naive_formula_where_it_is_accurate():
+    u = th.linspace(-5, 5, 101, dtype=th.float64)
+    assert th.allclose(log_tanh_jacobian(u), th.log(1 - th.tanh(u) ** 2), atol=1e-10)
+
+
+def test_entropy_estimators():
+    th.manual_seed(0)
+    mean, log_std = th.tensor([[0.5, -1.0]]).repeat(200_000, 1), th.tensor([0.3, -0.5])
+    low, high = [-2.0, 0.0], [2.0, 1.0]
+    ref = reference(mean[:1], log_std, low, high)
+    # Monte Carlo entropy of the squashed, rescaled action: -E[log p(a)]
+    y = ref.rsample((200_000,))
+    true_entropy = -ref.log_prob(y).sum(dim=-1).mean()
+    mc = squashed(mean, log_std, low, high, "mc").entropy()
+    assert mc.shape == (200_000,)
+    assert abs(mc.mean() - true_entropy) < 0.01
+    gaussian = squashed(mean, log_std, low, high, "gaussian").entropy()
+    assert th.allclose(gaussian, Normal(mean.double(), log_std.double().exp()).entropy().sum(1))
+    assert squashed(mean, log_std, low, high, "sample").entropy() is None
+
+
+def test_mc_entropy_is_differentiable():
+    mean = th.zeros(64, 2, requires_grad=True)
+    log_std = th.zeros(2, requires_grad=True)
+    dist = squashed(mean, log_std, [-1, -1], [1, 1], dtype=th.float32)
+    dist.entropy().mean().backward()
+    assert log_std.grad is not None and th.isfinite(log_std.grad).all()
+    # Squashed entropy is bounded: far into saturation, more std lowers it, unlike the Gaussian's.
+    wide = squashed(th.zeros(20_000, 1), th.tensor([3.0]), [-1], [1], dtype=th.float32).entropy().mean()
+    narrow = squashed(th.zeros(20_000, 1), th.tensor([0.0]), [-1], [1], dtype=th.float32).entropy().mean()
+    assert wide < narrow
+
+
+def mc_kl(p, q, n=100_000):
+    """Monte Carlo KL(p || q) from n samples of p, with its standard error."""
+    samples = p.sample((n,))
+    log_ratio = p.log_prob(samples) - q.log_prob(samples)
+    if log_ratio.dim() > 1:
+        log_ratio = log_ratio.flatten(1).sum(1)
+    return log_ratio.mean().item(), log_ratio.std().item() / math.sqrt(n)
+
+
+def gaussian_pair(squash):
+    p_mean, q_mean = th.tensor([[0.2, -0.4, 1.5]]), th.tensor([[0.5, -0.1, 1.2]])
+    p_log_std, q_log_std = th.tensor([0.1, -0.3, 0.4]), th.tensor([0.3, -0.5, 0.2])
+    if squash:
+        low, high = [-1, 0, -3], [2, 0.5, 3]
+        p, q = squashed(p_mean, p_log_std, low, high), squashed(q_mean, q_log_std, low, high)
+        # Monte Carlo in the *action* space, through torch's own transformed distribution.
+        return p, q, reference(p_mean[0], p_log_std, low, high), reference(q_mean[0], q_log_std, low, high)
+    p = DiagGaussianDistribution(3).proba_distribution(p_mean, p_log_std)
+    q = DiagGaussianDistribution(3).proba_distribution(q_mean, q_log_std)
+    return p, q, Normal(p_mean[0], p_log_std.exp()), Normal(q_mean[0], q_log_std.exp())
+
+
+@pytest.mark.parametrize("squash", [False, True])
+def test_analytic_kl_matches_monte_carlo_gaussian(squash):
+    th.manual_seed(1)
+    p, q, p_ref, q_ref = gaussian_pair(squash)
+    kl = analytic_kl(torch_distributions(p), torch_distributions(q)).item()
+    estimate, stderr = mc_kl(p_ref, q_ref)
+    assert abs(kl - estimate) < 3 * stderr, (kl, estimate, stderr)
+
+
+def test_analytic_kl_matches_monte_carlo_discrete():
+    th.manual_seed(2)
+    logits_p, logits_q = th.tensor([[0.1, 1.0, -0.5]]), th.tensor([[0.4, 0.2, 0.0]])
+    p = CategoricalDistribution(3).proba_distribution(logits_p)
+    q = CategoricalDistribution(3).proba_distribution(logits_q)
+    estimate, stderr = mc_kl(p.distribution, q.distribution)
+    assert abs(analytic_kl(torch_distributions(p), torch_distributions(q)).item() - estimate) < 3 * stderr
+
+    multi_p = MultiCategoricalDistribution([3, 2]).proba_distribution(th.tensor([[0.1, 1.0, -0.5, 0.3, -0.3]]))
+    multi_q = MultiCategoricalDistribution([3, 2]).proba_distribution(th.tensor([[0.4, 0.2, 0.0, -1.0, 0.5]]))
+    n = 100_000
+    samples = [d.sample((n,)) for d in multi_p.distribution]
+    log_ratio = sum(dp.log_prob(s) - dq.log_prob(s) for dp, dq, s in zip(multi_p.distribution, multi_q.distribution, samples))
+    estimate, stderr = log_ratio.mean().item(), log_ratio.std().item() / math.sqrt(n)
+    assert abs(analytic_kl(torch_distributions(multi_p), torch_distributions(multi_q)).item() - estimate) < 3 * stderr
+
+    bern_p = BernoulliDistribution(3).proba_distribution(th.tensor([[0.5, -1.0, 2.0]]))
+    bern_q = BernoulliDistribution(3).proba_distribution(th.tensor([[0.0, 0.3, 1.0]]))
+    estimate, stderr = mc_kl(bern_p.distribution, bern_q.distribution)
+    assert abs(analytic_kl(torch_distributions(bern_p), torch_distributions(bern_q)).item() - estimate) < 3 * stderr
+
+
+def test_analytic_kl_gsde_matches_monte_carlo():
+    th.manual_seed(3)
+    latent = th.randn(1, 4)
+    p = StateDependentNoiseDistribution(2).proba_distribution(th.tensor([[0.2, -0.3]]), th.full((4, 2), -0.5), latent)
+    p_params = (p.distribution.loc.clone(), p.distribution.scale.clone())
+    q = StateDependentNoiseDistribution(2).proba_distribution(th.tensor([[0.0, -0.1]]), th.full((4, 2), -0.3), latent)
+    kl = analytic_kl([Normal(*p_params)], torch_distributions(q)).item()
+    estimate, stderr = mc_kl(Normal(p_params[0][0], p_params[1][0]), Normal(q.distribution.loc[0], q.distribution.scale[0]))
+    assert abs(kl - estimate) < 3 * stderr
+
+
+def test_rescale_never_leaves_asymmetric_bounds():
+    space = spaces.Box(low=np.array([-1.0, 0.0], dtype=np.float32), high=np.array([3.0, 0.5], dtype=np.float32))
+    u = np.concatenate([np.random.default_rng(0).normal(0, 20, size=(10_000, 2)), [[1e6, -1e6], [-1e6, 1e6]]])
+    actions = rescale_tanh(u.astype(np.float32), space.low, space.high)
+    assert actions.dtype == np.float32
+    assert np.all(actions >= space.low) and np.all(actions <= space.high)
+    assert np.allclose(actions[-2], [3.0, 0.0]) and np.allclose(actions[-1], [-1.0, 0.5])
+    assert np.allclose(rescale_tanh(np.zeros((1, 2), dtype=np.float32), space.low, space.high), [[1.0, 0.25]])
