@@ -1,0 +1,398 @@
+"""PPOExt end to end: objectives x value-clip forms x heads x action spaces, exact ratios, save/load, errors."""
+
+import copy
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch as th
+from gymnasium import spaces
+from stable_baselines3 import PPO
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.envs import (
+    IdentityEnv,
+    IdentityEnvBox,
+    IdentityEnvMultiBinary,
+    IdentityEnvMultiDiscrete,
+)
+from stable_baselines3.common.logger import configure
+from torch.distributions import kl_divergence
+
+from sb3_ppo_ext import NonFiniteLossError, PPOExt, losses
+from sb3_ppo_ext.distributions import TanhSquashedDistribution
+from sb3_ppo_ext.policies import PPOExtActorCriticPolicy
+
+TINY = dict(n_steps=32, batch_size=16, n_epochs=2, policy_kwargs=dict(net_arch=[16]), seed=0)
+
+OBJECTIVES = {
+    "clip": dict(),
+    "kl_fixed": dict(clip_range=None, kl_coef=0.5),
+    "kl_adaptive": dict(clip_range=None, kl_coef=1.0, kl_target=0.01),
+    "clip_and_kl": dict(clip_range=0.2, kl_coef=1.0, kl_target=0.01),
+}
+VALUE_CLIPS = {"none": dict(), "clipped": dict(clip_range_vf=0.2, vf_clip_mode="clipped"), "max": dict(clip_range_vf=0.2, vf_clip_mode="max")}
+ACTION_ENVS = {
+    "box_squash": (lambda: IdentityEnvBox(ep_length=10), True),
+    "box_gaussian": (lambda: IdentityEnvBox(ep_length=10), False),
+    "discrete": (lambda: IdentityEnv(3, ep_length=10), None),
+    "multidiscrete": (lambda: IdentityEnvMultiDiscrete(2, ep_length=10), None),
+    "multibinary": (lambda: IdentityEnvMultiBinary(2, ep_length=10), None),
+}
+
+
+class AsymmetricBoxEnv(gym.Env):
+    """Rewards staying near the upper corner of an asymmetric box; records every action it receives."""
+
+    def __init__(self):
+        self.action_space = spaces.Box(low=np.array([-1.0, 0.0], dtype=np.float32), high=np.array([3.0, 0.5], dtype=np.float32))
+        self.observation_space = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+        self.received = []
+        self._t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._t = 0
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        self.received.append(np.array(action, copy=True))
+        self._t += 1
+        reward = -float(np.sum((action - self.action_space.high) ** 2))
+        return self.observation_space.sample(), reward, False, self._t >= 20, {}
+
+
+def kwargs_for(name, squash):
+    kwargs = copy.deepcopy(TINY)
+    if squash is not None:
+        kwargs["policy_kwargs"]["squash_output"] = squash
+    return kwargs
+
+
+@pytest.mark.parametrize("objective", list(OBJECTIVES))
+@pytest.mark.parametrize("value_clip", list(VALUE_CLIPS))
+@pytest.mark.parametrize("action_env", list(ACTION_ENVS))
+def test_learn_matrix(objective, value_clip, action_env):
+    make_env, squash = ACTION_ENVS[action_env]
+    model = PPOExt("MlpPolicy", make_env(), **OBJECTIVES[objective], **VALUE_CLIPS[value_clip], **kwargs_for(action_env, squash))
+    model.set_logger(configure(None, []))
+    model.learn(64)
+    logged = model.logger.name_to_value
+    assert model.policy.squash_output is bool(squash)
+    for key in ("train/kl", "train/kl_max", "train/approx_kl", "train/entropy", "train/grad_norm", "train/ratio_min"):
+        assert np.isfinite(logged[key]), key
+    assert ("train/clip_fraction" in logged) is (OBJECTIVES[objective].get("clip_range", 0.2) is not None)
+    assert ("train/clip_fraction_vf" in logged) is (value_clip != "none")
+    assert ("train/kl_coef" in logged) is ("kl" in objective)
+    assert ("train/action_saturation" in logged) is bool(squash)
+    assert logged["train/epochs_completed"] == 2
+
+
+def first_minibatch_ratio(monkeypatch):
+    captured = []
+    original = losses.clipped_surrogate_loss
+
+    def spy(advantages, ratio, clip_range):
+        captured.append(ratio.detach().clone())
+        return original(advantages, ratio, clip_range)
+
+    monkeypatch.setattr(losses, "clipped_surrogate_loss", spy)
+    return captured
+
+
+def test_saturated_rollout_has_exact_ratio(monkeypatch):
+    captured = first_minibatch_ratio(monkeypatch)
+    # log_std_init=2.5: std ~ 12 in pre-squash units, so most components saturate.
+    model = PPOExt(
+        "MlpPolicy",
+        make_vec_env("Pendulum-v1", n_envs=2, seed=0),
+        n_steps=128,
+        batch_size=64,
+        n_epochs=1,
+        seed=0,
+        policy_kwargs=dict(log_std_init=2.5, net_arch=[16]),
+    )
+    model.learn(256)
+    actions = th.as_tensor(model.rollout_buffer.actions)
+    saturation = (th.tanh(actions).abs() > 0.999).float().mean().item()
+    assert saturation >= 0.10, saturation
+    assert (captured[0] - 1).abs().max().item() < 1e-5
+
+
+def test_sb3_atanh_scoring_would_not_be_exact():
+    """The contrast that motivates storing u: SB3's squashed distribution inverts the saturated action."""
+    from stable_baselines3.common.distributions import SquashedDiagGaussianDistribution
+
+    mean, log_std = th.zeros(1, 1), th.full((1,), 2.5)
+    u = th.tensor([[12.0]])
+    sb3 = SquashedDiagGaussianDistribution(1).proba_distribution(mean, log_std)
+    exact = TanhSquashedDistribution(sb3_gaussian(mean, log_std), 0.0, "mc").log_prob(u)
+    assert abs(sb3.log_prob(th.tanh(u)) - exact).item() > 1.0
+
+
+def sb3_gaussian(mean, log_std):
+    from stable_baselines3.common.distributions import DiagGaussianDistribution
+
+    return DiagGaussianDistribution(mean.shape[1]).proba_distribution(mean, log_std)
+
+
+def test_actions_inside_asymmetric_bounds():
+    env = AsymmetricBoxEnv()
+    model = PPOExt("MlpPolicy", env, n_steps=64, batch_size=32, n_epochs=2, seed=0, policy_kwargs=dict(log_std_init=3.0))
+    model.learn(256)
+    received = np.array(env.received)
+    assert len(received) >= 256
+    assert np.all(received >= env.action_space.low) and np.all(received <= env.action_space.high)
+    # Saturated both ways: bounds are reached, not exceeded, in each dimension.
+    assert np.isclose(received[:, 0].max(), 3.0, atol=1e-3) and np.isclose(received[:, 1].min(), 0.0, atol=1e-3)
+    obs = np.stack([env.observation_space.sample() for _ in range(50)])
+    for deterministic in (True, False):
+        actions, _ = model.predict(obs, deterministic=deterministic)
+        assert np.all(actions >= env.action_space.low) and np.all(actions <= env.action_space.high)
+
+
+def test_deterministic_predict_is_squashed_rescaled_mean():
+    env = AsymmetricBoxEnv()
+    model = PPOExt("MlpPolicy", env, n_steps=32, batch_size=16, seed=0)
+    obs = np.stack([env.observation_space.sample() for _ in range(5)])
+    actions, _ = model.predict(obs, deterministic=True)
+    with th.no_grad():
+        mean = model.policy.get_distribution(th.as_tensor(obs)).distribution.mean.numpy()
+    low, high = env.action_space.low, env.action_space.high
+    assert np.allclose(actions, low + (np.tanh(mean) + 1) / 2 * (high - low), atol=1e-6)
+
+
+@pytest.mark.parametrize("objective", ["clip", "kl_adaptive"])
+def test_save_load_predict_and_continue(tmp_path, objective):
+    env = make_vec_env("Pendulum-v1", n_envs=2, seed=0)
+    model = PPOExt("MlpPolicy", env, **OBJECTIVES[objective], **TINY)
+    model.learn(256)
+    if objective == "kl_adaptive":
+        assert model.current_kl_coef != 1.0  # adapted at least once
+    obs = env.reset()
+    before, _ = model.predict(obs, deterministic=True)
+    model.save(tmp_path / "model.zip")
+
+    loaded = PPOExt.load(tmp_path / "model.zip", env=env)
+    after, _ = loaded.predict(obs, deterministic=True)
+    assert np.array_equal(before, after)
+    assert loaded.current_kl_coef == model.current_kl_coef
+    assert loaded.kl_coef == model.kl_coef
+    assert loaded.policy.squash_output and loaded.policy.entropy_estimator == "mc"
+
+    # A continued learn starts from the saved beta.
+    loaded.set_logger(configure(None, []))
+    used = []
+
+    class Spy(BaseCallback):
+        def _on_rollout_end(self):
+            used.append(self.model.current_kl_coef)
+
+        def _on_step(self):
+            return True
+
+    loaded.learn(64, reset_num_timesteps=False, callback=Spy())
+    assert used[0] == model.current_kl_coef
+    if objective == "kl_adaptive":
+        assert loaded.logger.name_to_value["train/kl_coef"] == model.current_kl_coef
+
+
+def test_logged_kl_is_analytic_kl_of_the_update():
+    """train/kl equals KL(pi_old || pi_new) recomputed with torch.distributions from a snapshot."""
+    snapshots = []
+
+    class Snapshot(BaseCallback):
+        def _on_rollout_end(self):
+            snapshots.append((copy.deepcopy(self.model.policy), self.model.rollout_buffer.observations.copy()))
+
+        def _on_step(self):
+            return True
+
+    model = PPOExt("MlpPolicy", make_vec_env("Pendulum-v1", n_envs=2, seed=0), **TINY)
+    model.set_logger(configure(None, []))
+    model.learn(64, callback=Snapshot())
+    old_policy, observations = snapshots[-1]
+    obs = th.as_tensor(observations.reshape(-1, observations.shape[-1]))
+    with th.no_grad():
+        old = old_policy.get_distribution(obs).distribution
+        new = model.policy.get_distribution(obs).distribution
+        kl = kl_divergence(old, new).sum(-1)
+    assert model.logger.name_to_value["train/kl"] == pytest.approx(kl.mean().item(), rel=1e-4)
+    assert model.logger.name_to_value["train/kl_max"] == pytest.approx(kl.max().item(), rel=1e-4)
+
+
+def test_target_kl_early_stop_is_reported():
+    model = PPOExt("MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=16, n_epochs=10, target_kl=1e-6, seed=0, learning_rate=1e-2)
+    model.set_logger(configure(None, []))
+    model.learn(64)
+    assert model.logger.name_to_value["train/epochs_completed"] < 10
+
+
+def test_diagnostic_means_are_sample_weighted():
+    from sb3_ppo_ext.ppo_ext import _UpdateStats
+
+    stats = _UpdateStats()
+    stats.add_mean(3, x=th.tensor(1.0))
+    stats.add_mean(1, x=th.tensor(5.0))
+    stats.add_extremes("r", th.tensor([0.9, 1.1]))
+    stats.add_extremes("r", th.tensor([0.8, 1.0]))
+    assert stats.mean("x") == pytest.approx(2.0)
+    assert stats.minimum["r"].item() == pytest.approx(0.8) and stats.maximum["r"].item() == pytest.approx(1.1)
+
+
+class NaNRewardEnv(gym.Env):
+    """A well-behaved env that starts emitting NaN rewards after ``nan_after`` steps."""
+
+    def __init__(self, nan_after):
+        self.action_space = spaces.Box(-1, 1, shape=(1,), dtype=np.float32)
+        self.observation_space = spaces.Box(-1, 1, shape=(2,), dtype=np.float32)
+        self.nan_after, self.steps = nan_after, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, dtype=np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        reward = float("nan") if self.steps > self.nan_after else -float(action[0] ** 2)
+        return np.full(2, 0.1, dtype=np.float32), reward, False, self.steps % 16 == 0, {}
+
+
+def test_non_finite_loss_raises_before_any_update(tmp_path):
+    snapshots = []
+
+    class Snapshot(BaseCallback):
+        def _on_rollout_end(self):
+            snapshots.append(copy.deepcopy(self.model.policy.state_dict()))
+            self.model.save(tmp_path / f"ckpt_{len(snapshots)}.zip")
+
+        def _on_step(self):
+            return True
+
+    model = PPOExt("MlpPolicy", NaNRewardEnv(nan_after=100), n_steps=32, batch_size=16, seed=0)
+    with pytest.raises(NonFiniteLossError, match="non-finite loss .*No parameter was updated"):
+        model.learn(320, callback=Snapshot())
+    assert len(snapshots) >= 2
+    for key, value in model.policy.state_dict().items():
+        assert th.equal(value, snapshots[-1][key]), key
+    checkpoint = PPOExt.load(tmp_path / f"ckpt_{len(snapshots)}.zip")
+    actions, _ = checkpoint.predict(np.zeros((4, 2), dtype=np.float32))
+    assert np.all(np.isfinite(actions))
+
+
+BAD_ARGUMENTS = [
+    (dict(clip_range=0.0), "clip_range=0.0"),
+    (dict(clip_range=-0.1), "clip_range=-0.1"),
+    (dict(clip_range=lambda _: -1.0), "clip_range is a schedule"),
+    (dict(clip_range_vf=0), "clip_range_vf=0"),
+    (dict(clip_range_vf=-1.0), "clip_range_vf=-1.0"),
+    (dict(kl_target=0.0, kl_coef=1.0), "kl_target=0.0"),
+    (dict(kl_target=-0.01, kl_coef=1.0), "kl_target=-0.01"),
+    (dict(kl_target=0.01), "kl_target=0.01 needs kl_coef > 0"),
+    (dict(kl_coef=-1.0), "kl_coef=-1.0"),
+    (dict(kl_coef=float("nan")), "kl_coef=nan"),
+    (dict(kl_adapt_factor=1.0), "kl_adapt_factor=1.0"),
+    (dict(kl_adapt_tolerance=0.5), "kl_adapt_tolerance=0.5"),
+    (dict(kl_coef_bounds=(1.0, 0.1)), "kl_coef_bounds"),
+    (dict(kl_coef=1e6, kl_target=0.01), "kl_coef=1000000.0 must lie within kl_coef_bounds"),
+    (dict(vf_clip_mode="huber"), "vf_clip_mode='huber'"),
+    (dict(vf_clip_mode="max"), "vf_clip_mode='max' needs clip_range_vf"),
+    (dict(max_grad_norm=0.0), "max_grad_norm=0.0"),
+    (dict(target_kl=-0.1), "target_kl=-0.1"),
+    (dict(policy_kwargs=dict(entropy_estimator="exact")), "entropy_estimator='exact'"),
+    (dict(policy_kwargs=dict(squash_output=False, entropy_estimator="mc")), "only applies to the squashed head"),
+    (dict(policy_kwargs=dict(state_dependent_std=True, log_std_bounds=(2.0, -5.0))), "log_std_bounds=\\(2.0, -5.0\\)"),
+    (dict(policy_kwargs=dict(log_std_bounds=(-5.0, 2.0))), "only applies with state_dependent_std=True"),
+    (dict(policy_kwargs=dict(state_dependent_std=True, log_std_init=3.0)), "log_std_init=3.0 must lie strictly inside"),
+    (dict(use_sde=True, policy_kwargs=dict(state_dependent_std=True)), "cannot be combined with use_sde"),
+]
+
+
+@pytest.mark.parametrize("kwargs, message", BAD_ARGUMENTS)
+def test_bad_input_is_a_value_error_naming_the_parameter(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        PPOExt("MlpPolicy", "Pendulum-v1", **kwargs)
+
+
+@pytest.mark.parametrize("env", [IdentityEnv(3), IdentityEnvMultiDiscrete(2), IdentityEnvMultiBinary(2)])
+def test_squashing_a_non_box_space_is_a_value_error(env):
+    with pytest.raises(ValueError, match="squash_output=True needs a Box action space"):
+        PPOExt("MlpPolicy", env, policy_kwargs=dict(squash_output=True))
+    with pytest.raises(ValueError, match="state_dependent_std=True needs a Box action space"):
+        PPOExt("MlpPolicy", env, policy_kwargs=dict(state_dependent_std=True))
+
+
+def test_ppo1_mode_adapts_beta_once_per_update():
+    model = PPOExt("MlpPolicy", "Pendulum-v1", clip_range=None, kl_coef=1.0, kl_target=0.01, **TINY)
+    model.set_logger(configure(None, []))
+    betas = []
+
+    class Spy(BaseCallback):
+        def _on_rollout_start(self):
+            betas.append(self.model.current_kl_coef)
+
+        def _on_step(self):
+            # Within a rollout and across the minibatches of one update, beta never moves.
+            assert self.model.current_kl_coef == betas[-1]
+            return True
+
+    model.learn(32 * 4, callback=Spy())
+    ratios = [b / a for a, b in zip(betas, betas[1:])]
+    assert all(r in (0.5, 1.0, 2.0) for r in ratios), ratios
+    assert "train/clip_range" not in model.logger.name_to_value
+
+
+def test_state_dependent_std_head():
+    model = PPOExt(
+        "MlpPolicy",
+        "Pendulum-v1",
+        policy_kwargs=dict(state_dependent_std=True, log_std_init=-0.5, log_std_bounds=(-3.0, 1.0), net_arch=[16]),
+        n_steps=32,
+        batch_size=16,
+        seed=0,
+    )
+    assert not hasattr(model.policy, "log_std")
+    obs = th.as_tensor(np.stack([model.observation_space.sample() for _ in range(8)]))
+    with th.no_grad():
+        log_std = model.policy.get_distribution(obs).distribution.scale.log()
+    assert th.allclose(log_std, th.full_like(log_std, -0.5), atol=0.05)
+    # The head is trained: its parameters are in the optimizer.
+    optimized = {id(p) for group in model.policy.optimizer.param_groups for p in group["params"]}
+    assert all(id(p) in optimized for p in model.policy.log_std_net.parameters())
+    model.set_logger(configure(None, []))
+    model.learn(64)
+    assert np.isfinite(model.logger.name_to_value["train/std"])
+    with th.no_grad():
+        far = model.policy.get_distribution(obs * 1e4).distribution.scale.log()
+    assert far.min() >= -3.0 - 1e-6 and far.max() <= 1.0 + 1e-6
+
+
+def test_policy_with_stock_ppo_is_exact_too():
+    """Stock PPO handed our policy stores the pre-squash sample and scores it exactly."""
+    env = AsymmetricBoxEnv()
+    model = PPO(
+        PPOExtActorCriticPolicy,
+        env,
+        n_steps=64,
+        batch_size=32,
+        n_epochs=1,
+        learning_rate=0.0,  # the policy does not move: every ratio must be exactly 1
+        seed=0,
+        policy_kwargs=dict(log_std_init=2.5),
+    )
+    model.set_logger(configure(None, []))
+    model.learn(64)
+    stored = model.rollout_buffer.actions
+    assert (np.abs(np.tanh(stored)) > 0.999).mean() > 0.1  # pre-squash values, many saturated
+    received = np.array(env.received)
+    assert np.all(received >= env.action_space.low) and np.all(received <= env.action_space.high)
+    assert model.logger.name_to_value["train/approx_kl"] < 1e-6
+    assert model.logger.name_to_value["train/clip_fraction"] == 0.0
+
+
+def test_gsde_with_squashing():
+    model = PPOExt("MlpPolicy", "Pendulum-v1", use_sde=True, sde_sample_freq=4, **TINY)
+    assert model.policy.squash_output
+    model.set_logger(configure(None, []))
+    model.learn(64)
+    assert np.isfinite(model.logger.name_to_value["train/kl"])
