@@ -174,7 +174,7 @@ def index_distribution(
 def concat_distributions(chunks: list[list[th.distributions.Distribution]]) -> list[th.distributions.Distribution]:
     """Concatenate per-chunk lists (as returned by :func:`torch_distributions`) along the batch."""
     out = []
-    for parts in zip(*chunks):
+    for parts in zip(*chunks, strict=True):
         first = parts[0]
         if isinstance(first, Normal):
             out.append(Normal(th.cat([p.loc for p in parts]), th.cat([p.scale for p in parts]), validate_args=False))
@@ -187,9 +187,7 @@ def concat_distributions(chunks: list[list[th.distributions.Distribution]]) -> l
     return out
 
 
-def analytic_kl(
-    p: list[th.distributions.Distribution], q: list[th.distributions.Distribution]
-) -> th.Tensor:
+def analytic_kl(p: list[th.distributions.Distribution], q: list[th.distributions.Distribution]) -> th.Tensor:
     """
     Per-sample analytic ``KL(p || q)``, summed over action dimensions and sub-distributions.
 

@@ -292,7 +292,9 @@ class PPOExt(PPO):
             raise ValueError(f"kl_coef={kl_coef!r} must lie within kl_coef_bounds={kl_coef_bounds!r} when kl_target is set")
         if isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, (int, float)) or not max_grad_norm > 0:
             raise ValueError(f"max_grad_norm={max_grad_norm!r} is invalid: expected a float > 0")
-        if target_kl is not None and (isinstance(target_kl, bool) or not isinstance(target_kl, (int, float)) or not target_kl > 0):
+        if target_kl is not None and (
+            isinstance(target_kl, bool) or not isinstance(target_kl, (int, float)) or not target_kl > 0
+        ):
             raise ValueError(f"target_kl={target_kl!r} is invalid: expected a float > 0 or None")
 
     def _setup_model(self) -> None:
@@ -326,7 +328,9 @@ class PPOExt(PPO):
         with th.no_grad():
             for start in range(0, n_samples, DISTRIBUTION_CHUNK):
                 index = slice(start, start + DISTRIBUTION_CHUNK)
-                chunks.append(detach_distributions(torch_distributions(self.policy.get_distribution(_index_observations(obs, index)))))
+                chunks.append(
+                    detach_distributions(torch_distributions(self.policy.get_distribution(_index_observations(obs, index))))
+                )
         return concat_distributions(chunks)
 
     def _minibatches(self, n_samples: int) -> Iterator[th.Tensor]:
@@ -430,7 +434,12 @@ class PPOExt(PPO):
                     self._raise_non_finite(
                         "loss",
                         epoch,
-                        dict(policy_gradient_loss=policy_loss, value_loss=value_loss, entropy_loss=entropy_loss, kl_penalty=kl_penalty),
+                        dict(
+                            policy_gradient_loss=policy_loss,
+                            value_loss=value_loss,
+                            entropy_loss=entropy_loss,
+                            kl_penalty=kl_penalty,
+                        ),
                     )
 
                 # Early stopping on SB3's criterion, see SB3 issue #417 and PR #419

@@ -139,7 +139,8 @@ def test_analytic_kl_matches_monte_carlo_discrete():
     multi_q = MultiCategoricalDistribution([3, 2]).proba_distribution(th.tensor([[0.4, 0.2, 0.0, -1.0, 0.5]]))
     n = 100_000
     samples = [d.sample((n,)) for d in multi_p.distribution]
-    log_ratio = sum(dp.log_prob(s) - dq.log_prob(s) for dp, dq, s in zip(multi_p.distribution, multi_q.distribution, samples))
+    pairs = zip(multi_p.distribution, multi_q.distribution, samples, strict=True)
+    log_ratio = sum(dp.log_prob(s) - dq.log_prob(s) for dp, dq, s in pairs)
     estimate, stderr = log_ratio.mean().item(), log_ratio.std().item() / math.sqrt(n)
     assert abs(analytic_kl(torch_distributions(multi_p), torch_distributions(multi_q)).item() - estimate) < 3 * stderr
 

@@ -1,6 +1,7 @@
 """PPOExt end to end: objectives x value-clip forms x heads x action spaces, exact ratios, save/load, errors."""
 
 import copy
+import itertools
 
 import gymnasium as gym
 import numpy as np
@@ -31,7 +32,11 @@ OBJECTIVES = {
     "kl_adaptive": dict(clip_range=None, kl_coef=1.0, kl_target=0.01),
     "clip_and_kl": dict(clip_range=0.2, kl_coef=1.0, kl_target=0.01),
 }
-VALUE_CLIPS = {"none": dict(), "clipped": dict(clip_range_vf=0.2, vf_clip_mode="clipped"), "max": dict(clip_range_vf=0.2, vf_clip_mode="max")}
+VALUE_CLIPS = {
+    "none": dict(),
+    "clipped": dict(clip_range_vf=0.2, vf_clip_mode="clipped"),
+    "max": dict(clip_range_vf=0.2, vf_clip_mode="max"),
+}
 ACTION_ENVS = {
     "box_squash": (lambda: IdentityEnvBox(ep_length=10), True),
     "box_gaussian": (lambda: IdentityEnvBox(ep_length=10), False),
@@ -45,7 +50,9 @@ class AsymmetricBoxEnv(gym.Env):
     """Rewards staying near the upper corner of an asymmetric box; records every action it receives."""
 
     def __init__(self):
-        self.action_space = spaces.Box(low=np.array([-1.0, 0.0], dtype=np.float32), high=np.array([3.0, 0.5], dtype=np.float32))
+        self.action_space = spaces.Box(
+            low=np.array([-1.0, 0.0], dtype=np.float32), high=np.array([3.0, 0.5], dtype=np.float32)
+        )
         self.observation_space = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
         self.received = []
         self._t = 0
@@ -74,7 +81,9 @@ def kwargs_for(name, squash):
 @pytest.mark.parametrize("action_env", list(ACTION_ENVS))
 def test_learn_matrix(objective, value_clip, action_env):
     make_env, squash = ACTION_ENVS[action_env]
-    model = PPOExt("MlpPolicy", make_env(), **OBJECTIVES[objective], **VALUE_CLIPS[value_clip], **kwargs_for(action_env, squash))
+    model = PPOExt(
+        "MlpPolicy", make_env(), **OBJECTIVES[objective], **VALUE_CLIPS[value_clip], **kwargs_for(action_env, squash)
+    )
     model.set_logger(configure(None, []))
     model.learn(64)
     logged = model.logger.name_to_value
@@ -222,7 +231,9 @@ def test_logged_kl_is_analytic_kl_of_the_update():
 
 
 def test_target_kl_early_stop_is_reported():
-    model = PPOExt("MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=16, n_epochs=10, target_kl=1e-6, seed=0, learning_rate=1e-2)
+    model = PPOExt(
+        "MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=16, n_epochs=10, target_kl=1e-6, seed=0, learning_rate=1e-2
+    )
     model.set_logger(configure(None, []))
     model.learn(64)
     assert model.logger.name_to_value["train/epochs_completed"] < 10
@@ -270,7 +281,7 @@ def test_non_finite_loss_raises_before_any_update(tmp_path):
             return True
 
     model = PPOExt("MlpPolicy", NaNRewardEnv(nan_after=100), n_steps=32, batch_size=16, seed=0)
-    with pytest.raises(NonFiniteLossError, match="non-finite loss .*No parameter was updated"):
+    with pytest.raises(NonFiniteLossError, match=r"non-finite loss .*No parameter was updated"):
         model.learn(320, callback=Snapshot())
     assert len(snapshots) >= 2
     for key, value in model.policy.state_dict().items():
@@ -337,7 +348,7 @@ def test_ppo1_mode_adapts_beta_once_per_update():
             return True
 
     model.learn(32 * 4, callback=Spy())
-    ratios = [b / a for a, b in zip(betas, betas[1:])]
+    ratios = [b / a for a, b in itertools.pairwise(betas)]
     assert all(r in (0.5, 1.0, 2.0) for r in ratios), ratios
     assert "train/clip_range" not in model.logger.name_to_value
 
