@@ -13,7 +13,14 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.distributions import Distribution
 from stable_baselines3.common.policies import ActorCriticPolicy, BasePolicy
-from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, PyTorchObs, Schedule
+from stable_baselines3.common.type_aliases import (
+    DictRolloutBufferSamples,
+    GymEnv,
+    MaybeCallback,
+    PyTorchObs,
+    RolloutBufferSamples,
+    Schedule,
+)
 from stable_baselines3.common.utils import FloatSchedule, explained_variance
 
 from sb3_ppo_ext import losses
@@ -307,7 +314,7 @@ class PPOExt(PPO):
             self.clip_range_vf = FloatSchedule(self.clip_range_vf)
 
     @property
-    def kl_penalty(self) -> bool:
+    def uses_kl_penalty(self) -> bool:
         """Whether the KL penalty is part of the objective (``kl_coef > 0``)."""
         return self.kl_coef > 0
 
@@ -339,7 +346,7 @@ class PPOExt(PPO):
         yield from th.split(permutation, self.batch_size)
 
     def _raise_non_finite(self, what: str, epoch: int, terms: dict[str, th.Tensor]) -> None:
-        details = ", ".join(f"{name}={value.item():.6g}" for name, value in terms.items())
+        details = ", ".join(f"{name}={value.item():.6g}" for name, value in terms.items() if value.dim() == 0)
         self.policy.optimizer.zero_grad()
         raise NonFiniteLossError(
             f"PPOExt.train(): non-finite {what} at update {self._n_updates} (epoch {epoch}): {details}. "
@@ -347,6 +354,76 @@ class PPOExt(PPO):
             "Check the environment's observations and rewards for NaN/inf (VecCheckNan), "
             "observation/reward normalisation and the learning rate."
         )
+
+    def minibatch_losses(
+        self,
+        rollout: RolloutBufferSamples | DictRolloutBufferSamples,
+        index: th.Tensor,
+        all_actions: th.Tensor,
+        old_distributions: list[th.distributions.Distribution],
+        clip_range: float | None,
+        clip_range_vf: float | None,
+        kl_coef: float,
+    ) -> dict[str, th.Tensor]:
+        """
+        Every loss term and per-minibatch diagnostic on the rows ``index`` of the rollout.
+
+        :param rollout: the whole rollout as one batch of tensors
+        :param index: rows of this minibatch
+        :param all_actions: the rollout's actions as the policy scores them (long for Discrete)
+        :param old_distributions: ``pi_old`` on every row (for the analytic KL)
+        :param clip_range: current surrogate clip range, or ``None``
+        :param clip_range_vf: current value clip range, or ``None``
+        :param kl_coef: current ``beta`` (0: no penalty)
+        :return: ``loss`` (with gradient) and its terms, ``approx_kl``, clip fractions (detached)
+            and the per-sample ``ratio``
+        """
+        values, log_prob, entropy, distribution = self._evaluate(
+            _index_observations(rollout.observations, index), all_actions[index], need_distribution=kl_coef > 0
+        )
+        values = values.flatten()
+        old_values = rollout.old_values[index]
+        advantages = rollout.advantages[index]
+        # Normalization does not make sense if mini batchsize == 1, see SB3 GH issue #325
+        if self.normalize_advantage and len(advantages) > 1:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+
+        # ratio between old and new policy, should be one at the first minibatch
+        log_ratio = log_prob - rollout.old_log_prob[index]
+        ratio = th.exp(log_ratio)
+        policy_loss = losses.clipped_surrogate_loss(advantages, ratio, clip_range)
+        terms = {}
+        if kl_coef > 0:
+            assert distribution is not None
+            old = [index_distribution(d, index) for d in old_distributions]
+            kl_penalty = losses.kl_penalty_loss(analytic_kl(old, torch_distributions(distribution)), kl_coef)
+            terms["kl_penalty"] = kl_penalty
+        else:
+            kl_penalty = th.zeros((), device=self.device)
+        value_loss = losses.value_loss(values, old_values, rollout.returns[index], clip_range_vf, self.vf_clip_mode)
+        # Entropy loss favors exploration; approximate it from samples when there is no closed form
+        entropy_mean = -th.mean(log_prob) if entropy is None else th.mean(entropy)
+        entropy_loss = -entropy_mean
+
+        loss = policy_loss + kl_penalty + self.ent_coef * entropy_loss + self.vf_coef * value_loss
+
+        with th.no_grad():
+            terms.update(
+                policy_gradient_loss=policy_loss.detach(),
+                value_loss=value_loss.detach(),
+                entropy_loss=entropy_loss.detach(),
+                entropy=entropy_mean.detach(),
+                approx_kl=losses.approx_kl_k3(log_ratio),
+                ratio=ratio.detach(),
+            )
+            if clip_range is not None:
+                terms["clip_fraction"] = losses.clip_fraction(ratio, clip_range)
+            if clip_range_vf is not None:
+                terms["clip_fraction_vf"] = losses.value_clip_fraction(values, old_values, clip_range_vf)
+        if "kl_penalty" in terms:
+            terms["kl_penalty"] = terms["kl_penalty"].detach()
+        terms["loss"] = loss
+        return terms
 
     def train(self) -> None:
         """
@@ -359,7 +436,7 @@ class PPOExt(PPO):
         progress = self._current_progress_remaining
         clip_range = None if self.clip_range is None else float(self.clip_range(progress))
         clip_range_vf = None if self.clip_range_vf is None else float(self.clip_range_vf(progress))  # type: ignore[operator]
-        kl_coef = self.current_kl_coef if self.kl_penalty else 0.0
+        kl_coef = self.current_kl_coef if self.uses_kl_penalty else 0.0
 
         # The whole rollout once as tensors; minibatches are slices of it.
         rollout = next(self.rollout_buffer.get(batch_size=None))
@@ -377,70 +454,15 @@ class PPOExt(PPO):
         epochs_completed = 0
         for epoch in range(self.n_epochs):
             for index in self._minibatches(n_samples):
-                weight = float(len(index))
-                actions = all_actions[index]
-                values, log_prob, entropy, distribution = self._evaluate(
-                    _index_observations(rollout.observations, index), actions, need_distribution=self.kl_penalty
+                terms = self.minibatch_losses(
+                    rollout, index, all_actions, old_distributions, clip_range, clip_range_vf, kl_coef
                 )
-                values = values.flatten()
-                advantages = rollout.advantages[index]
-                # Normalization does not make sense if mini batchsize == 1, see SB3 GH issue #325
-                if self.normalize_advantage and len(advantages) > 1:
-                    advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-
-                # ratio between old and new policy, should be one at the first minibatch
-                log_ratio = log_prob - rollout.old_log_prob[index]
-                ratio = th.exp(log_ratio)
-                policy_loss = losses.clipped_surrogate_loss(advantages, ratio, clip_range)
-
-                if kl_coef > 0:
-                    assert distribution is not None
-                    old = [index_distribution(d, index) for d in old_distributions]
-                    kl_penalty = losses.kl_penalty_loss(analytic_kl(old, torch_distributions(distribution)), kl_coef)
-                else:
-                    kl_penalty = th.zeros((), device=self.device)
-
-                value_loss = losses.value_loss(
-                    values, rollout.old_values[index], rollout.returns[index], clip_range_vf, self.vf_clip_mode
-                )
-                # Entropy loss favors exploration; approximate it from samples when there is no closed form
-                entropy_mean = -th.mean(log_prob) if entropy is None else th.mean(entropy)
-                entropy_loss = -entropy_mean
-
-                loss = policy_loss + kl_penalty + self.ent_coef * entropy_loss + self.vf_coef * value_loss
-
-                with th.no_grad():
-                    approx_kl = losses.approx_kl_k3(log_ratio)
-                    batch_stats = dict(
-                        policy_gradient_loss=policy_loss,
-                        value_loss=value_loss,
-                        entropy_loss=entropy_loss,
-                        entropy=entropy_mean,
-                        loss=loss,
-                        approx_kl=approx_kl,
-                    )
-                    if clip_range is not None:
-                        batch_stats["clip_fraction"] = losses.clip_fraction(ratio, clip_range)
-                    if clip_range_vf is not None:
-                        batch_stats["clip_fraction_vf"] = losses.value_clip_fraction(
-                            values, rollout.old_values[index], clip_range_vf
-                        )
-                    if kl_coef > 0:
-                        batch_stats["kl_penalty"] = kl_penalty
-                    stats.add_mean(weight, **batch_stats)
-                    stats.add_extremes("ratio", ratio)
+                loss, approx_kl = terms["loss"], terms["approx_kl"]
+                stats.add_mean(float(len(index)), **{k: v for k, v in terms.items() if k != "ratio"})
+                stats.add_extremes("ratio", terms["ratio"])
 
                 if not th.isfinite(loss):
-                    self._raise_non_finite(
-                        "loss",
-                        epoch,
-                        dict(
-                            policy_gradient_loss=policy_loss,
-                            value_loss=value_loss,
-                            entropy_loss=entropy_loss,
-                            kl_penalty=kl_penalty,
-                        ),
-                    )
+                    self._raise_non_finite("loss", epoch, terms)
 
                 # Early stopping on SB3's criterion, see SB3 issue #417 and PR #419
                 if self.target_kl is not None and approx_kl > 1.5 * self.target_kl:
@@ -466,7 +488,7 @@ class PPOExt(PPO):
         new_distributions = self._rollout_distributions(rollout.observations, n_samples)
         kl = analytic_kl(old_distributions, new_distributions)
         mean_kl = float(kl.mean().item())
-        if self.kl_penalty and self.kl_target is not None:
+        if self.uses_kl_penalty and self.kl_target is not None:
             self.current_kl_coef = losses.adapt_kl_coef(
                 self.current_kl_coef,
                 mean_kl,
@@ -518,7 +540,7 @@ class PPOExt(PPO):
             record("train/grad_norm", float(th.stack(grad_norms).mean().item()))
         record("train/kl", mean_kl)
         record("train/kl_max", max_kl)
-        if self.kl_penalty:
+        if self.uses_kl_penalty:
             record("train/kl_coef", kl_coef)
         record("train/epochs_completed", epochs_completed)
         std = mean_std(new_distributions)

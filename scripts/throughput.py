@@ -1,0 +1,64 @@
+"""Side-by-side throughput: PPOExt / stock PPO env-steps per second under identical hyperparameters.
+
+Variants run interleaved (stock, ext-gaussian, ext-squash, ext-all, stock, ...) in one process
+with one torch thread, so that a shared, noisy machine affects them alike; the ratio of medians
+is what to read, not the absolute figures.
+
+    python scripts/throughput.py --env Pendulum-v1 --steps 20000 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch as th
+from stable_baselines3 import PPO
+from stable_baselines3.common.env_util import make_vec_env
+
+from sb3_ppo_ext import PPOExt
+
+HYPERPARAMS = dict(n_steps=512, batch_size=64, n_epochs=10, learning_rate=3e-4)
+VARIANTS = {
+    "stock PPO": (PPO, dict()),
+    "PPOExt, squash off": (PPOExt, dict(policy_kwargs=dict(squash_output=False))),
+    "PPOExt, squash on": (PPOExt, dict()),
+    "PPOExt, squash + value clip + adaptive KL": (
+        PPOExt,
+        dict(clip_range_vf=0.2, vf_clip_mode="max", kl_coef=1.0, kl_target=0.01),
+    ),
+}
+
+
+def measure(algo: type, kwargs: dict, env_id: str, steps: int, n_envs: int, seed: int) -> float:
+    env = make_vec_env(env_id, n_envs=n_envs, seed=seed)
+    model = algo("MlpPolicy", env, seed=seed, **HYPERPARAMS, **kwargs)
+    start = time.perf_counter()
+    model.learn(steps)
+    return model.num_timesteps / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", default="Pendulum-v1")
+    parser.add_argument("--steps", type=int, default=20_000)
+    parser.add_argument("--n-envs", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    th.set_num_threads(1)
+
+    fps: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    for repeat in range(args.repeats):
+        for name, (algo, kwargs) in VARIANTS.items():
+            fps[name].append(measure(algo, kwargs, args.env, args.steps, args.n_envs, seed=repeat))
+    stock = statistics.median(fps["stock PPO"])
+    print(f"{args.env}, {args.steps} steps x {args.repeats} repeats, {args.n_envs} envs, {HYPERPARAMS}")
+    print("| variant | median env-steps/s | ratio to stock PPO |\n|---|---|---|")
+    for name, values in fps.items():
+        median = statistics.median(values)
+        print(f"| {name} | {median:.0f} | {median / stock:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
