@@ -1,0 +1,277 @@
+"""Optuna search space for PPOExt, usable with rl-zoo3 (``-optimize``) or with plain Optuna.
+
+The space is define-by-run: a parameter is asked for only when it matters (``kl_target`` only
+with an adaptive KL penalty, ``vf_clip_mode`` only with value clipping, the squashed head's knobs
+only for ``Box`` action spaces, ...), so a study never records parameters that had no effect.
+It is stock PPO's space in rl-zoo3 (``n_steps``, ``batch_size``, ``n_epochs``, ``gamma``,
+``gae_lambda``, learning rate, ``ent_coef``, ``clip_range``, ``max_grad_norm``, network size and
+activation) plus PPOExt's own knobs and a few of SB3's that stock PPO's space leaves out:
+
+==================  =========================================================================
+group               parameters (Optuna names; the ones in brackets only when they apply)
+==================  =========================================================================
+rollout             ``n_steps_pow``, ``batch_size_pow`` (batch <= n_steps, both powers of 2),
+                    ``n_epochs``, ``one_minus_gamma``, ``one_minus_gae_lambda``
+optimizer           ``learning_rate``, ``lr_schedule`` (constant / linear to 0),
+                    ``max_grad_norm``, ``ent_coef``, ``target_kl`` (None = no early stop)
+objective           ``objective`` in clip / kl / clip+kl: [``clip_range``],
+                    [``kl_adaptive``, ``kl_coef``, [``kl_target``]]
+value loss          ``vf_clip`` in none / clipped / max: [``clip_range_vf``]
+network             ``net_arch``, ``activation_fn``, ``ortho_init``
+action head (Box)   ``squash``, ``exploration`` in gaussian / state_dependent_std / gsde:
+                    [``sde_sample_freq``], ``log_std_init``, [``entropy_estimator``]
+==================  =========================================================================
+
+Public functions:
+
+- :func:`sample_ppo_ext_params` — ``optuna.Trial`` -> PPOExt keyword arguments (plain Optuna);
+- :func:`ppo_ext_kwargs_from_params` — a finished trial's ``params`` -> the same keyword arguments;
+- :func:`sample_zoo_params` / :func:`convert_zoo_params` — rl-zoo3's ``HYPERPARAMS_SAMPLER`` /
+  ``HYPERPARAMS_CONVERTER`` entries for ``ppo_ext``;
+- :func:`make_storage` — the one place where an Optuna storage is opened (RDB URL, SQLite file,
+  journal file).
+
+The sampler is written once, in rl-zoo3's yml form (``learning_rate: lin_0.001``,
+``activation_fn: tanh``); :func:`to_ppo_ext_kwargs` turns that form into objects. The converter
+replays the sampler on an ``optuna.trial.FixedTrial``, so sampler and converter cannot drift apart.
+Importing this module does not import optuna; the functions that need it import it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from stable_baselines3.common.utils import LinearSchedule
+from torch import nn
+
+if TYPE_CHECKING:
+    import optuna
+
+NET_ARCHS: dict[str, dict[str, list[int]]] = {
+    "tiny": dict(pi=[64], vf=[64]),
+    "small": dict(pi=[64, 64], vf=[64, 64]),
+    "medium": dict(pi=[256, 256], vf=[256, 256]),
+}
+ACTIVATIONS: dict[str, type[nn.Module]] = {
+    "tanh": nn.Tanh,
+    "relu": nn.ReLU,
+    "elu": nn.ELU,
+    "leaky_relu": nn.LeakyReLU,
+    "gelu": nn.GELU,
+    "silu": nn.SiLU,
+}
+# Keys whose rl-zoo3 form ``lin_<x>`` is a linear schedule from x to 0.
+SCHEDULE_KEYS = ("learning_rate", "clip_range", "clip_range_vf")
+
+
+def activation_class(name: str) -> type[nn.Module]:
+    """The torch activation for ``tanh`` / ``relu`` / ... (also ``nn.Tanh``, ``torch.nn.ReLU``); no ``eval``."""
+    key = re.sub(r"^(torch\.)?nn\.", "", name.strip())
+    by_class_name = {cls.__name__: cls for cls in ACTIVATIONS.values()}
+    if key.lower() in ACTIVATIONS:
+        return ACTIVATIONS[key.lower()]
+    if key in by_class_name:
+        return by_class_name[key]
+    raise ValueError(f"activation_fn={name!r} is not one of {sorted(ACTIVATIONS)} (or their nn.* class names)")
+
+
+def to_ppo_ext_kwargs(params: dict[str, Any]) -> dict[str, Any]:
+    """
+    Turn settings in rl-zoo3's yml form into PPOExt keyword arguments.
+
+    ``lin_<x>`` strings of :data:`SCHEDULE_KEYS` become linear schedules from x to 0, and
+    ``policy_kwargs["activation_fn"]`` names become torch classes.
+
+    :param params: settings as the sampler or a yml entry gives them
+    :return: a new dict
+    """
+    kwargs = dict(params)
+    for key in SCHEDULE_KEYS:
+        value = kwargs.get(key)
+        if isinstance(value, str) and value.startswith("lin_"):
+            kwargs[key] = LinearSchedule(float(value[len("lin_") :]), 0.0, 1.0)
+    policy_kwargs = kwargs.get("policy_kwargs")
+    if isinstance(policy_kwargs, dict) and isinstance(policy_kwargs.get("activation_fn"), str):
+        kwargs["policy_kwargs"] = {**policy_kwargs, "activation_fn": activation_class(policy_kwargs["activation_fn"])}
+    return kwargs
+
+
+# --- the search space --------------------------------------------------------------------------
+
+
+def _sample_rollout(trial: optuna.Trial) -> dict[str, Any]:
+    n_steps_pow = trial.suggest_int("n_steps_pow", 5, 11)  # 32 .. 2048 steps per env
+    # Minibatches no larger than one env's rollout, so that the batch always divides the buffer.
+    batch_size_pow = min(trial.suggest_int("batch_size_pow", 5, 9), n_steps_pow)  # 32 .. 512
+    one_minus_gamma = trial.suggest_float("one_minus_gamma", 1e-4, 0.03, log=True)
+    one_minus_gae_lambda = trial.suggest_float("one_minus_gae_lambda", 1e-4, 0.1, log=True)
+    values = {
+        "n_steps": 2**n_steps_pow,
+        "batch_size": 2**batch_size_pow,
+        "n_epochs": trial.suggest_categorical("n_epochs", [1, 5, 10, 20]),
+        "gamma": 1 - one_minus_gamma,
+        "gae_lambda": 1 - one_minus_gae_lambda,
+    }
+    for key in ("n_steps", "batch_size", "gamma", "gae_lambda"):
+        trial.set_user_attr(key, values[key])
+    return values
+
+
+def _sample_optimizer(trial: optuna.Trial) -> dict[str, Any]:
+    learning_rate = trial.suggest_float("learning_rate", 1e-5, 2e-3, log=True)
+    linear = trial.suggest_categorical("lr_schedule", ["constant", "linear"]) == "linear"
+    return {
+        "learning_rate": f"lin_{learning_rate}" if linear else learning_rate,
+        "max_grad_norm": trial.suggest_float("max_grad_norm", 0.3, 2.0),
+        "ent_coef": trial.suggest_float("ent_coef", 1e-8, 0.1, log=True),
+        "target_kl": trial.suggest_categorical("target_kl", [None, 0.01, 0.02, 0.05]),
+    }
+
+
+def _sample_objective(trial: optuna.Trial) -> dict[str, Any]:
+    """Clipped surrogate, KL penalty (fixed or adaptive beta), or both."""
+    objective = trial.suggest_categorical("objective", ["clip", "kl", "clip+kl"])
+    values: dict[str, Any] = {"clip_range": None, "kl_coef": 0.0, "kl_target": None}
+    if "clip" in objective:
+        values["clip_range"] = trial.suggest_categorical("clip_range", [0.1, 0.2, 0.3, 0.4])
+    if "kl" in objective:
+        values["kl_coef"] = trial.suggest_float("kl_coef", 0.01, 10.0, log=True)
+        if trial.suggest_categorical("kl_adaptive", [True, False]):
+            values["kl_target"] = trial.suggest_float("kl_target", 0.001, 0.05, log=True)
+    return values
+
+
+def _sample_value_loss(trial: optuna.Trial) -> dict[str, Any]:
+    vf_clip = trial.suggest_categorical("vf_clip", ["none", "clipped", "max"])
+    if vf_clip == "none":
+        return {"clip_range_vf": None, "vf_clip_mode": "clipped"}
+    return {"clip_range_vf": trial.suggest_categorical("clip_range_vf", [0.1, 0.2, 0.5, 1.0, 10.0]), "vf_clip_mode": vf_clip}
+
+
+def _sample_policy(trial: optuna.Trial, continuous: bool) -> dict[str, Any]:
+    """``policy_kwargs`` plus ``use_sde`` / ``sde_sample_freq`` (the latter two only for Box actions)."""
+    policy_kwargs: dict[str, Any] = {
+        "net_arch": NET_ARCHS[trial.suggest_categorical("net_arch", list(NET_ARCHS))],
+        "activation_fn": trial.suggest_categorical("activation_fn", ["tanh", "relu"]),
+        "ortho_init": trial.suggest_categorical("ortho_init", [True, False]),
+    }
+    if not continuous:
+        return {"policy_kwargs": policy_kwargs}
+    squash = trial.suggest_categorical("squash", [True, False])
+    exploration = trial.suggest_categorical("exploration", ["gaussian", "state_dependent_std", "gsde"])
+    values: dict[str, Any] = {"use_sde": exploration == "gsde"}
+    if exploration == "gsde":
+        values["sde_sample_freq"] = trial.suggest_categorical("sde_sample_freq", [-1, 4, 16])
+    policy_kwargs["squash_output"] = squash
+    policy_kwargs["state_dependent_std"] = exploration == "state_dependent_std"
+    # Inside the default log_std_bounds (-5, 2) of the state-dependent std.
+    policy_kwargs["log_std_init"] = trial.suggest_float("log_std_init", -3.0, 1.0)
+    if squash:
+        policy_kwargs["entropy_estimator"] = trial.suggest_categorical("entropy_estimator", ["mc", "gaussian", "sample"])
+    return {**values, "policy_kwargs": policy_kwargs}
+
+
+def sample_zoo_form(trial: optuna.Trial, continuous: bool = True) -> dict[str, Any]:
+    """
+    Sample one PPOExt configuration in rl-zoo3's yml form (schedules as ``lin_<x>``, activation names).
+
+    :param trial: an Optuna trial (or ``optuna.trial.FixedTrial`` to replay a trial's params)
+    :param continuous: whether the action space is ``Box`` (adds the action-head parameters)
+    :return: PPOExt settings; the derived true values are recorded with ``trial.set_user_attr``
+    """
+    return {
+        **_sample_rollout(trial),
+        **_sample_optimizer(trial),
+        **_sample_objective(trial),
+        **_sample_value_loss(trial),
+        **_sample_policy(trial, continuous),
+    }
+
+
+def sample_ppo_ext_params(trial: optuna.Trial, continuous: bool = True) -> dict[str, Any]:
+    """
+    Sample PPOExt keyword arguments from ``trial`` (for plain Optuna: ``PPOExt("MlpPolicy", env, **kwargs)``).
+
+    :param trial: an Optuna trial
+    :param continuous: whether the env's action space is ``Box`` (``False`` for Discrete & co)
+    :return: keyword arguments of :class:`sb3_ppo_ext.PPOExt`
+    """
+    return to_ppo_ext_kwargs(sample_zoo_form(trial, continuous))
+
+
+def _replay(params: dict[str, Any]) -> dict[str, Any]:
+    import optuna
+
+    # The action-head parameters exist only in trials on a Box action space.
+    return sample_zoo_form(optuna.trial.FixedTrial(params), continuous="squash" in params)
+
+
+def ppo_ext_kwargs_from_params(params: dict[str, Any]) -> dict[str, Any]:
+    """PPOExt keyword arguments from a finished trial's ``params`` (e.g. ``study.best_trial.params``)."""
+    return to_ppo_ext_kwargs(_replay(params))
+
+
+def sample_zoo_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
+    """rl-zoo3's ``HYPERPARAMS_SAMPLER["ppo_ext"]`` (``n_actions`` is 0 unless the action space is Box)."""
+    return sample_ppo_ext_params(trial, continuous=n_actions > 0)
+
+
+def convert_zoo_params(params: dict[str, Any]) -> dict[str, Any]:
+    """rl-zoo3's ``HYPERPARAMS_CONVERTER["ppo_ext"]``: yml-form settings (rl-zoo3 builds the schedules)."""
+    return _replay(params)
+
+
+# --- storage -----------------------------------------------------------------------------------
+
+
+class StorageError(RuntimeError):
+    """An Optuna storage could not be opened; the message names the (password-masked) URL and the reason."""
+
+
+def _mask_password(url: str) -> str:
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
+
+
+def make_storage(url: str | None) -> optuna.storages.BaseStorage | None:
+    """
+    Open the Optuna storage for ``url``: the single place where tuning storage is created.
+
+    - ``None``: in-memory (one process);
+    - a path ending in ``.log``: ``JournalStorage(JournalFileBackend(path))`` — several processes
+      on one machine, no server (rl-zoo3 uses the same rule);
+    - any SQLAlchemy URL (``sqlite:///study.db``, ``postgresql://user:pass@host/db``): an
+      ``RDBStorage``, connected (and Optuna's tables created) here, so an unreachable server fails
+      now with a :class:`StorageError` and not in the middle of a study. Dead-worker heartbeats
+      (``heartbeat_interval``, ``RetryFailedTrialCallback``) belong here when they are added.
+
+    :param url: storage URL or journal file path
+    :return: the storage, or None for in-memory
+    :raises StorageError: the storage cannot be opened
+    """
+    import optuna
+
+    if url is None:
+        return None
+    if url.endswith(".log"):
+        from pathlib import Path
+
+        from optuna.storages.journal import JournalFileBackend
+
+        Path(url).parent.mkdir(parents=True, exist_ok=True)
+        return optuna.storages.JournalStorage(JournalFileBackend(url))
+    if "://" not in url:
+        raise StorageError(
+            f"Optuna storage {url!r} is neither a database URL (sqlite:///file.db, postgresql://user@host/db) "
+            "nor a journal file path ending in .log"
+        )
+    engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}
+    if url.startswith("postgresql"):
+        engine_kwargs["connect_args"] = {"connect_timeout": 10}
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    except ImportError as error:
+        raise StorageError(f"cannot open Optuna storage {_mask_password(url)}: missing database driver ({error})") from None
+    except Exception as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise StorageError(f"cannot open Optuna storage {_mask_password(url)}: {reason}") from None

@@ -1,0 +1,254 @@
+"""Registration of PPOExt with rl-zoo3, and ``python -m sb3_ppo_ext.zoo``: the route that needs no startup hook.
+
+rl-zoo3 has no plugin interface: ``--algo`` choices come from ``rl_zoo3.utils.ALGOS`` when the
+arguments are parsed, the default hyperparameter file is looked up inside the rl_zoo3 package and
+``-optimize`` reads ``rl_zoo3.hyperparams_opt.HYPERPARAMS_SAMPLER`` / ``HYPERPARAMS_CONVERTER``.
+This module adds PPOExt at each of these seams, one rl-zoo3 module at a time, right after that
+module is first imported (:func:`on_zoo_module_imported`, called by the ``sb3_ppo_ext_zoo_hook``
+startup hook), or all at once (:func:`register`, used by ``python -m sb3_ppo_ext.zoo``). It
+changes nothing for rl-zoo3's own algorithms:
+
+- ``rl_zoo3.utils``: ``ALGOS["ppo_ext"] = PPOExt``; a malformed ``-params`` / ``--env-kwargs``
+  value becomes an argparse error (usage line, exit status 2) instead of a traceback.
+- ``rl_zoo3.hyperparams_opt``: the ``ppo_ext`` sampler and converter of :mod:`sb3_ppo_ext.samplers`.
+- ``rl_zoo3.exp_manager``: for ``--algo ppo_ext`` only, the default ``--conf-file`` is the
+  ``ppo_ext.yml`` shipped in this package; the settings are checked against PPOExt's parameters
+  before anything is written; activation names in ``policy_kwargs`` (``activation_fn: tanh``) are
+  mapped to torch classes without ``eval``; a run folder created by a failed run is removed;
+  an Optuna storage URL is opened (and checked) through :func:`sb3_ppo_ext.samplers.make_storage`
+  before a study starts.
+
+Importing this module imports neither rl_zoo3 nor optuna.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+import os
+import shutil
+import sys
+from types import ModuleType
+from typing import Any
+
+from sb3_ppo_ext.hyperparams import PPO_EXT_YML
+from sb3_ppo_ext.ppo_ext import PPOExt
+
+ALGO_NAME = "ppo_ext"
+# Keyword arguments that rl-zoo3 passes to the algorithm itself: a yml entry may not set them.
+ZOO_RESERVED_KWARGS = frozenset({"env", "tensorboard_log", "seed", "verbose", "device"})
+# Marks the rl-zoo3 objects already patched, so that registering twice changes nothing.
+_PATCHED = "_sb3_ppo_ext_patched"
+
+
+class ZooConfigError(ValueError):
+    """A ppo_ext setting that rl-zoo3 would pass to PPOExt is invalid (unknown name, reserved name, bad value)."""
+
+
+def ppo_ext_parameters() -> list[str]:
+    """Names of the keyword arguments a yml entry may give to :class:`PPOExt` (``policy`` included)."""
+    names = inspect.signature(PPOExt.__init__).parameters
+    return sorted(name for name in names if name not in {"self", "_init_setup_model"} | ZOO_RESERVED_KWARGS)
+
+
+def check_hyperparams(hyperparams: dict[str, Any], source: str) -> dict[str, Any]:
+    """
+    Check the settings rl-zoo3 is about to pass to PPOExt and resolve activation names.
+
+    :param hyperparams: the settings left after rl-zoo3's preprocessing
+    :param source: where they come from (file, env id), for the message
+    :return: the settings, with ``policy_kwargs["activation_fn"]`` a torch class (a new dict if changed)
+    :raises ZooConfigError: naming each unknown parameter, close matches and the accepted names
+    """
+    allowed = ppo_ext_parameters()
+    problems = []
+    for key in sorted(hyperparams):
+        if key in ZOO_RESERVED_KWARGS:
+            problems.append(f"'{key}' is set by rl-zoo3 itself (use its command-line option instead)")
+        elif key not in allowed:
+            close = difflib.get_close_matches(key, allowed, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            problems.append(f"unknown PPOExt parameter '{key}'{hint}")
+    if problems:
+        raise ZooConfigError(
+            f"invalid ppo_ext hyperparameters from {source}: {'; '.join(problems)}. PPOExt accepts: {', '.join(allowed)}"
+        )
+    policy_kwargs = hyperparams.get("policy_kwargs")
+    if isinstance(policy_kwargs, dict) and isinstance(policy_kwargs.get("activation_fn"), str):
+        from sb3_ppo_ext.samplers import activation_class
+
+        try:
+            activation = activation_class(policy_kwargs["activation_fn"])
+        except ValueError as error:
+            raise ZooConfigError(f"invalid ppo_ext hyperparameters from {source}: {error}") from None
+        hyperparams = {**hyperparams, "policy_kwargs": {**policy_kwargs, "activation_fn": activation}}
+    return hyperparams
+
+
+# --- rl_zoo3.utils ---------------------------------------------------------------------------
+
+
+def _register_algo(utils: ModuleType) -> None:
+    utils.ALGOS.setdefault(ALGO_NAME, PPOExt)
+    store_dict = utils.StoreDict
+    if getattr(store_dict.__call__, _PATCHED, False):
+        return
+    original_call = store_dict.__call__
+
+    @functools.wraps(original_call)
+    def __call__(self, parser, namespace, values, option_string=None):
+        try:
+            return original_call(self, parser, namespace, values, option_string)
+        except Exception as error:
+            # rl-zoo3 evaluates each value as a Python expression: report which one failed.
+            parser.error(
+                f"argument {option_string}: cannot parse {' '.join(values)!r} ({type(error).__name__}: {error}); "
+                "expected key:value pairs with Python literal values, e.g. kl_target:0.01 clip_range:None"
+            )
+
+    setattr(__call__, _PATCHED, True)
+    store_dict.__call__ = __call__
+
+
+# --- rl_zoo3.hyperparams_opt -----------------------------------------------------------------
+
+
+def _register_sampler(hyperparams_opt: ModuleType) -> None:
+    from sb3_ppo_ext import samplers
+
+    hyperparams_opt.HYPERPARAMS_SAMPLER.setdefault(ALGO_NAME, samplers.sample_zoo_params)
+    hyperparams_opt.HYPERPARAMS_CONVERTER.setdefault(ALGO_NAME, samplers.convert_zoo_params)
+
+
+# --- rl_zoo3.exp_manager ---------------------------------------------------------------------
+
+
+def _patch_experiment_manager(exp_manager: ModuleType) -> None:
+    manager_class = exp_manager.ExperimentManager
+    if manager_class.__dict__.get(_PATCHED, False):
+        return
+    original_init = manager_class.__init__
+    original_preprocess = manager_class._preprocess_hyperparams
+    original_setup = manager_class.setup_experiment
+    original_optimization = manager_class.hyperparameters_optimization
+    init_signature = inspect.signature(original_init)
+
+    @functools.wraps(original_init)
+    def __init__(self, *args, **kwargs):
+        bound = init_signature.bind(self, *args, **kwargs)
+        if bound.arguments.get("algo") == ALGO_NAME and bound.arguments.get("config") is None:
+            # rl-zoo3 looks for <rl_zoo3 package>/hyperparams/<algo>.yml; ours ships in sb3_ppo_ext.
+            bound.arguments["config"] = str(PPO_EXT_YML)
+        original_init(*bound.args, **bound.kwargs)
+
+    @functools.wraps(original_preprocess)
+    def _preprocess_hyperparams(self, hyperparams):
+        hyperparams, *rest = original_preprocess(self, hyperparams)
+        if self.algo == ALGO_NAME:
+            hyperparams = check_hyperparams(hyperparams, f"{self.config} (env {self.env_name.gym_id}, with -params overrides)")
+        return (hyperparams, *rest)
+
+    @functools.wraps(original_setup)
+    def setup_experiment(self):
+        if self.algo != ALGO_NAME:
+            return original_setup(self)
+        existed = os.path.exists(self.save_path)
+        try:
+            return original_setup(self)
+        except BaseException:
+            # A run folder left by a failed run would become the "latest" run that enjoy loads.
+            if not existed:
+                shutil.rmtree(self.save_path, ignore_errors=True)
+            raise
+
+    @functools.wraps(original_optimization)
+    def hyperparameters_optimization(self):
+        if self.algo != ALGO_NAME:
+            return original_optimization(self)
+        from sb3_ppo_ext.samplers import StorageError, make_storage
+
+        if self.storage is not None and not self.storage.endswith(".log"):
+            try:
+                # Opens the database (and creates Optuna's tables) before any trial runs.
+                make_storage(self.storage)
+            except StorageError as error:
+                _remove_run_without_model(self.save_path)
+                raise ZooConfigError(str(error)) from None
+        try:
+            return original_optimization(self)
+        finally:
+            # setup_experiment made a run folder (monitor files only) that holds no model: left
+            # behind, it would become the "latest" run that enjoy tries to load.
+            _remove_run_without_model(self.save_path)
+
+    manager_class.__init__ = __init__
+    manager_class._preprocess_hyperparams = _preprocess_hyperparams
+    manager_class.setup_experiment = setup_experiment
+    manager_class.hyperparameters_optimization = hyperparameters_optimization
+    setattr(manager_class, _PATCHED, True)
+
+
+def _remove_run_without_model(save_path: str) -> None:
+    """Remove a run folder if no model (``*.zip``) was saved in it."""
+    if os.path.isdir(save_path) and not any(name.endswith(".zip") for _, _, files in os.walk(save_path) for name in files):
+        shutil.rmtree(save_path, ignore_errors=True)
+
+
+_REGISTRARS = {
+    "rl_zoo3.utils": _register_algo,
+    "rl_zoo3.hyperparams_opt": _register_sampler,
+    "rl_zoo3.exp_manager": _patch_experiment_manager,
+}
+
+
+def on_zoo_module_imported(name: str, module: ModuleType) -> None:
+    """Register PPOExt at the seam of the rl-zoo3 module ``name`` that has just been imported."""
+    registrar = _REGISTRARS.get(name)
+    if registrar is not None:
+        registrar(module)
+
+
+def register() -> None:
+    """Import rl-zoo3's modules and register PPOExt at every seam (idempotent)."""
+    import importlib
+
+    for name, registrar in _REGISTRARS.items():
+        registrar(importlib.import_module(name))
+
+
+# --- python -m sb3_ppo_ext.zoo ---------------------------------------------------------------
+
+COMMANDS = ("train", "enjoy", "record_video", "record_training")
+USAGE = f"""usage: python -m sb3_ppo_ext.zoo {{{",".join(COMMANDS)}}} [rl-zoo3 arguments ...]
+
+Runs rl-zoo3's command with ppo_ext registered, without the startup hook (for python -S, or
+where .pth files are not processed), e.g.:
+  python -m sb3_ppo_ext.zoo train --algo ppo_ext --env Pendulum-v1
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``rl_zoo3.<command>`` as ``__main__`` after :func:`register`; return an exit status."""
+    import runpy
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in {"-h", "--help"}:
+        print(USAGE, end="")
+        return 0 if argv else 2
+    command, rest = argv[0].replace("-", "_"), argv[1:]
+    if command not in COMMANDS:
+        print(USAGE + f"\nerror: unknown command {argv[0]!r}", file=sys.stderr)
+        return 2
+    register()
+    sys.argv = [f"python -m sb3_ppo_ext.zoo {command}", *rest]
+    try:
+        runpy.run_module(f"rl_zoo3.{command}", run_name="__main__", alter_sys=True)
+    except ZooConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
