@@ -504,11 +504,12 @@ class TrainingHealthGuard(_AfterUpdateCallback):
       previous ``value_loss_window`` updates' value losses.
 
     Responses: ``log`` records ``health/<condition>`` (the offending value) and a logger info line;
-    ``warn`` also warns a :class:`TrainingHealthWarning`; ``stop`` also restores the policy and
-    optimizer to the last good state (kept in memory after every update whose parameters are
-    finite, and at the start of training), saves the model to
-    ``<save_path>/<name_prefix>_<timesteps>_steps.zip`` (:attr:`checkpoint_path`) and stops
-    ``learn``. Checks done after an update stop at the first step of the next rollout.
+    ``warn`` also warns a :class:`TrainingHealthWarning`; ``stop`` also restores the policy, the
+    optimizer and any ``VecNormalize`` statistics to the last good state (kept in memory after
+    every update whose parameters are finite, and at the start of training), saves the model to
+    ``<save_path>/<name_prefix>_<timesteps>_steps.zip`` (:attr:`checkpoint_path`) and the
+    ``VecNormalize`` statistics next to it (:attr:`vec_normalize_path`), and stops ``learn``.
+    Checks done after an update stop at the first step of the next rollout.
     PPOExt also raises :class:`sb3_ppo_ext.NonFiniteLossError` from ``train()`` before a
     non-finite loss reaches the parameters; the step checks stop most such runs before that.
 
@@ -574,7 +575,9 @@ class TrainingHealthGuard(_AfterUpdateCallback):
         self.checkpoint_path: str | None = None
         self._stop_pending = False
         self._value_losses: deque[float] = deque(maxlen=value_loss_window)
-        self._last_good: tuple[dict[str, Any], dict[str, Any]] | None = None
+        #: The VecNormalize statistics saved by a stop, if the training env is normalised.
+        self.vec_normalize_path: str | None = None
+        self._last_good: dict[str, Any] | None = None
 
     def _init_callback(self) -> None:
         super()._init_callback()
@@ -590,7 +593,21 @@ class TrainingHealthGuard(_AfterUpdateCallback):
 
     def _remember_good_state(self) -> None:
         policy = self.model.policy
-        self._last_good = (copy.deepcopy(policy.state_dict()), copy.deepcopy(policy.optimizer.state_dict()))
+        vec_normalize = self.model.get_vec_normalize_env()
+        self._last_good = {
+            "policy": copy.deepcopy(policy.state_dict()),
+            "optimizer": copy.deepcopy(policy.optimizer.state_dict()),
+            "vec_normalize": None if vec_normalize is None else copy.deepcopy((vec_normalize.obs_rms, vec_normalize.ret_rms)),
+        }
+
+    def _restore_good_state(self) -> None:
+        if self._last_good is None:
+            return
+        self.model.policy.load_state_dict(self._last_good["policy"])
+        self.model.policy.optimizer.load_state_dict(self._last_good["optimizer"])
+        vec_normalize = self.model.get_vec_normalize_env()
+        if vec_normalize is not None and self._last_good["vec_normalize"] is not None:
+            vec_normalize.obs_rms, vec_normalize.ret_rms = copy.deepcopy(self._last_good["vec_normalize"])
 
     def _trigger(self, condition: str, value: float, message: str) -> None:
         response = self.responses[condition]
@@ -608,10 +625,7 @@ class TrainingHealthGuard(_AfterUpdateCallback):
     def _stop(self, condition: str) -> None:
         self._stop_pending = True
         self.stopped_by = condition
-        if self._last_good is not None:
-            policy_state, optimizer_state = self._last_good
-            self.model.policy.load_state_dict(policy_state)
-            self.model.policy.optimizer.load_state_dict(optimizer_state)
+        self._restore_good_state()
         folder = self.save_path or self.logger.get_dir()
         if folder is None:
             warnings.warn(
@@ -623,6 +637,12 @@ class TrainingHealthGuard(_AfterUpdateCallback):
         os.makedirs(folder, exist_ok=True)
         self.checkpoint_path = os.path.join(folder, f"{self.name_prefix}_{self.model.num_timesteps}_steps.zip")
         self.model.save(self.checkpoint_path)
+        vec_normalize = self.model.get_vec_normalize_env()
+        if vec_normalize is not None:
+            self.vec_normalize_path = os.path.join(
+                folder, f"{self.name_prefix}_vecnormalize_{self.model.num_timesteps}_steps.pkl"
+            )
+            vec_normalize.save(self.vec_normalize_path)
         if self.verbose >= 1:
             print(f"TrainingHealthGuard: saved the last good model to {self.checkpoint_path}")
 

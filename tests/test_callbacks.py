@@ -18,6 +18,7 @@ from stable_baselines3 import A2C, PPO
 from stable_baselines3.common.callbacks import CallbackList
 from stable_baselines3.common.logger import configure
 from stable_baselines3.common.monitor import Monitor
+from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 from sb3_ppo_ext import PPOExt
 from sb3_ppo_ext.callbacks import (
@@ -239,6 +240,23 @@ def test_guard_stops_on_nan_observations_and_leaves_a_loadable_checkpoint(algo, 
     obs = np.zeros((4, 3), dtype=np.float32)
     actions, _ = loaded.predict(obs, deterministic=False)
     assert actions.shape == (4, 2) and np.isfinite(actions).all()
+
+
+def test_guard_checkpoint_keeps_finite_vec_normalize_statistics(tmp_path):
+    """The NaN observation reaches VecNormalize's running mean first; the saved statistics are the last good ones."""
+    env = VecNormalize(DummyVecEnv([lambda: StepEnv(nan_after=70)]))
+    guard = TrainingHealthGuard(save_path=str(tmp_path))
+    model = quiet(PPOExt("MlpPolicy", env, **PPO_TINY))
+    with pytest.warns(TrainingHealthWarning):
+        model.learn(10 * 32, callback=guard)
+    assert guard.stopped_by == "non_finite" and model.num_timesteps == 70
+    assert np.isfinite(env.obs_rms.mean).all()
+    stats = VecNormalize.load(guard.vec_normalize_path, DummyVecEnv([StepEnv]))
+    # Statistics as of the last good update: the 1e-4 prior, the reset observation and 64 steps.
+    assert np.isfinite(stats.obs_rms.mean).all() and stats.obs_rms.count == pytest.approx(1e-4 + 1 + 64)
+    loaded = PPOExt.load(guard.checkpoint_path)
+    actions, _ = loaded.predict(stats.normalize_obs(np.zeros((1, 3), dtype=np.float32)))
+    assert np.isfinite(actions).all()
 
 
 @pytest.mark.parametrize("algo", PPO_ALGOS)
