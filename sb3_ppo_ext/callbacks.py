@@ -67,6 +67,12 @@ def _optional(name: str, value: Any, low: float | None = None, high: float | Non
     return None if value is None else _check_finite(name, value, low, high, strict)
 
 
+def _check_positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name}={value!r} is invalid: expected an int >= 1")
+    return int(value)
+
+
 def _check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
     if value not in choices:
         raise ValueError(f"{name}={value!r} is invalid: expected one of {tuple(choices)}")
@@ -558,9 +564,7 @@ class TrainingHealthGuard(_AfterUpdateCallback):
         self.min_entropy = _optional("min_entropy", min_entropy)
         self.max_clip_fraction = _optional("max_clip_fraction", max_clip_fraction, low=0.0, high=1.0)
         self.value_loss_factor = _optional("value_loss_factor", value_loss_factor, low=1.0)
-        if isinstance(value_loss_window, bool) or not isinstance(value_loss_window, int) or value_loss_window < 1:
-            raise ValueError(f"value_loss_window={value_loss_window!r} is invalid: expected an int >= 1")
-        self.value_loss_window = value_loss_window
+        self.value_loss_window = _check_positive_int("value_loss_window", value_loss_window)
         if save_path is not None and not isinstance(save_path, (str, os.PathLike)):
             raise ValueError(f"save_path={save_path!r} is invalid: expected a folder path or None")
         self.save_path = None if save_path is None else os.fspath(save_path)
@@ -837,9 +841,8 @@ class OptunaPruningCallback(EvalCallback):
     ):
         if not (callable(getattr(trial, "report", None)) and callable(getattr(trial, "should_prune", None))):
             raise ValueError(f"trial={trial!r} is invalid: expected an optuna.Trial (with report and should_prune)")
-        for name, value in (("n_eval_episodes", n_eval_episodes), ("eval_freq", eval_freq)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} is invalid: expected an int >= 1")
+        _check_positive_int("n_eval_episodes", n_eval_episodes)
+        _check_positive_int("eval_freq", eval_freq)
         super().__init__(
             eval_env,
             n_eval_episodes=n_eval_episodes,
