@@ -914,9 +914,11 @@ class HParamsCallback(BaseCallback):
     At the start of training, the model's attributes named in ``hparams`` (those it has;
     schedules by their initial value), ``algo`` (the class name) and ``extra_hparams`` are recorded
     as an SB3 ``HParam`` declaring ``metrics``. At the end of training the last value of each metric
-    (the last update's ``train/`` records, episode statistics from the info buffer, or the last
-    value seen at a dump) is recorded and dumped, so the tab shows the final metrics. Without a
-    TensorBoard logger it does nothing visible.
+    (the last update's ``train/`` records, which SB3 never dumps, episode statistics from the info
+    buffer, or the last value seen at a rollout end) is written to TensorBoard at the final
+    timestep, so the tab shows the final metrics. It writes straight to TensorBoard rather than
+    dumping the logger, so the other callbacks' ``on_training_end`` still see the last update's
+    records. Without a TensorBoard logger it does nothing visible.
 
     :param hparams: Model attribute names to record; ``None`` for a default PPO/PPOExt/A2C list
     :param extra_hparams: Further ``name: value`` pairs (env id, seed, ...)
@@ -978,9 +980,12 @@ class HParamsCallback(BaseCallback):
 
     def _on_training_end(self) -> None:
         self._remember(self.metrics)
+        writer = _tensorboard_writer(self)
+        if writer is None:
+            return
         for metric, value in self.final_metrics.items():
-            self.logger.record(metric, value)
-        self.logger.dump(self.num_timesteps)
+            writer.add_scalar(metric, value, self.num_timesteps)
+        writer.flush()
 
     def _on_step(self) -> bool:
         return True

@@ -414,7 +414,10 @@ def test_hparams_written_to_tensorboard(tmp_path):
 
     model = PPOExt("MlpPolicy", StepEnv(), kl_coef=1.0, kl_target=0.02, **PPO_TINY)
     model.set_logger(configure(str(tmp_path), ["tensorboard"]))
-    model.learn(2 * 32, callback=HParamsCallback(extra_hparams={"env_id": "StepEnv"}))
+    # Placed first, it must not hide the last update's records from the callbacks after it.
+    guard = TrainingHealthGuard(kl_target=1e-12, kl_limit=1.0, responses={"kl": "log"})
+    model.learn(2 * 32, callback=CallbackList([HParamsCallback(extra_hparams={"env_id": "StepEnv"}), guard]))
+    assert [(steps, condition) for steps, condition, _ in guard.events] == [(32, "kl"), (64, "kl")]
     events = EventAccumulator(str(tmp_path)).Reload()
     content = events.PluginTagToContent("hparams")
     start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
