@@ -234,6 +234,8 @@ SCHEDULE_KINDS = ("constant", "linear", "cosine", "step", "piecewise")
 SCHEDULE_UNITS = ("progress", "timesteps")
 # Attributes that SB3 and PPOExt call as schedules of the progress remaining.
 SCHEDULE_ATTRIBUTES = ("clip_range", "clip_range_vf")
+# Attributes that must stay integers (``range(n_epochs)``, minibatch sizes): scheduled values are rounded.
+INTEGER_ATTRIBUTES = ("n_epochs", "batch_size")
 
 
 class ParameterSchedule:
@@ -399,7 +401,8 @@ class ParameterScheduler(BaseCallback):
     ``train()`` that uses them, from the progress that ``train()`` sees
     (``num_timesteps / total_timesteps``) or from ``num_timesteps``. Attributes that SB3 calls as
     schedules (``clip_range``, ``clip_range_vf``, or any currently callable one) receive constant
-    schedules; integer attributes are rounded; ``learning_rate`` sets ``model.learning_rate``,
+    schedules; ``n_epochs`` and ``batch_size`` are rounded, and so is any value that is a whole
+    number for an attribute that holds an int (otherwise it becomes a float); ``learning_rate`` sets ``model.learning_rate``,
     ``model.lr_schedule`` and the optimizer (do not combine it with :class:`KLAdaptiveLR`).
 
     Example (yml): ``schedules: {ent_coef: {kind: linear, start: 0.01, end: 0.0}}``.
@@ -464,7 +467,7 @@ class ParameterScheduler(BaseCallback):
                 current = getattr(self.model, name)
                 if callable(current) or name in SCHEDULE_ATTRIBUTES:
                     setattr(self.model, name, FloatSchedule(value))
-                elif _is_number(current) and isinstance(current, (int, np.integer)):
+                elif name in INTEGER_ATTRIBUTES or (isinstance(current, (int, np.integer)) and float(value).is_integer()):
                     setattr(self.model, name, round(value))
                 else:
                     setattr(self.model, name, value)

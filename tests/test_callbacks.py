@@ -187,7 +187,7 @@ def test_scheduled_values_reach_the_algorithm(algo):
         schedules["n_epochs"] = {"kind": "step", "values": [1, 2], "boundaries": [0.5]}
     if algo is PPOExt:
         schedules["clip_range_vf"] = {"kind": "linear", "start": 1.0, "end": 0.5}
-    model = quiet(algo("MlpPolicy", "Pendulum-v1", **tiny(algo)))
+    model = quiet(algo("MlpPolicy", "Pendulum-v1", max_grad_norm=1, **tiny(algo)))  # an int: values must not be rounded
     seen = []
 
     def record(m):
