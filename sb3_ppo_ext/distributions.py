@@ -97,10 +97,11 @@ class TanhSquashedDistribution(Distribution):
     def entropy(self) -> th.Tensor | None:
         if self.entropy_estimator == "sample":
             return None
-        gaussian_entropy = self.distribution.entropy().sum(dim=-1)
+        gaussian: Normal = self.base.distribution
+        gaussian_entropy = gaussian.entropy().sum(dim=-1)
         if self.entropy_estimator == "gaussian":
             return gaussian_entropy
-        u = self.distribution.rsample()
+        u = gaussian.rsample()
         return gaussian_entropy + log_tanh_jacobian(u).sum(dim=-1) + self.log_half_range_sum
 
     def sample(self) -> th.Tensor:
@@ -173,7 +174,7 @@ def index_distribution(
 
 def concat_distributions(chunks: list[list[th.distributions.Distribution]]) -> list[th.distributions.Distribution]:
     """Concatenate per-chunk lists (as returned by :func:`torch_distributions`) along the batch."""
-    out = []
+    out: list[th.distributions.Distribution] = []
     for parts in zip(*chunks, strict=True):
         first = parts[0]
         if isinstance(first, Normal):

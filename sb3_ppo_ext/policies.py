@@ -128,7 +128,7 @@ class PPOExtActorCriticPolicy(ActorCriticPolicy):
         self.log_std_bounds = log_std_bounds
         self.entropy_estimator = entropy_estimator
         # SB3 asserts that squash_output needs gSDE: build unsquashed, then switch squashing on.
-        super().__init__(observation_space, action_space, lr_schedule, *args, squash_output=False, **kwargs)
+        super().__init__(observation_space, action_space, lr_schedule, *args, squash_output=False, **kwargs)  # type: ignore[misc]
         self._squash_output = bool(squash_output)
         if self._squash_output:
             assert isinstance(action_space, spaces.Box)

@@ -32,7 +32,7 @@ from sb3_ppo_ext.distributions import (
     mean_std,
     torch_distributions,
 )
-from sb3_ppo_ext.policies import CnnPolicy, MlpPolicy, MultiInputPolicy
+from sb3_ppo_ext.policies import CnnPolicy, MlpPolicy, MultiInputPolicy, PPOExtActorCriticPolicy
 
 SelfPPOExt = TypeVar("SelfPPOExt", bound="PPOExt")
 
@@ -322,7 +322,7 @@ class PPOExt(PPO):
         self, obs: PyTorchObs, actions: th.Tensor, need_distribution: bool
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Distribution | None]:
         """Values, log-probabilities, entropy and (if needed) the action distribution on a minibatch."""
-        if hasattr(self.policy, "evaluate_actions_and_distribution"):
+        if isinstance(self.policy, PPOExtActorCriticPolicy):
             return self.policy.evaluate_actions_and_distribution(obs, actions)
         # A plain SB3 ActorCriticPolicy: a second actor pass yields the distribution.
         values, log_prob, entropy = self.policy.evaluate_actions(obs, actions)
