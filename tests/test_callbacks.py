@@ -180,6 +180,7 @@ def test_scheduled_values_reach_the_algorithm(algo):
         "ent_coef": {"kind": "linear", "start": 0.1, "end": 0.0},
         "vf_coef": {"kind": "step", "values": [0.5, 0.25], "boundaries": [64], "by": "timesteps"},
         "max_grad_norm": {"kind": "cosine", "start": 1.0, "end": 0.2},
+        "learning_rate": {"kind": "piecewise", "points": [[0, 1e-3], [64, 1e-3], [128, 1e-4]], "by": "timesteps"},
     }
     if algo is not A2C:
         schedules["clip_range"] = {"kind": "piecewise", "points": [[0.0, 0.3], [1.0, 0.1]]}
@@ -191,17 +192,22 @@ def test_scheduled_values_reach_the_algorithm(algo):
     seen = []
 
     def record(m):
-        values = {name: getattr(m, name) for name in schedules}
+        values = {name: getattr(m, name) for name in schedules if name != "learning_rate"}
+        values["learning_rate"] = m.lr_schedule(m._current_progress_remaining)
         seen.append((m.num_timesteps, m._current_progress_remaining, values))
 
     original = model.train
-    model.train = lambda: (record(model), original())
+    applied = []
+    model.train = lambda: (record(model), original(), applied.append(optimizer_lr(model)))
     model.learn(total, callback=ParameterScheduler(schedules))
     assert [steps for steps, _, _ in seen] == [32, 64, 96, 128]
+    np.testing.assert_allclose(applied, [1e-3, 1e-3, 5.5e-4, 1e-4])  # the rate each update really used
     for steps, progress_remaining, values in seen:
         done = steps / total
         assert values["ent_coef"] == pytest.approx(0.1 * (1 - done))
         assert values["vf_coef"] == (0.5 if steps < 64 else 0.25)
+        # train() sets the optimizer's rate from lr_schedule, which the scheduler made constant
+        assert values["learning_rate"] == pytest.approx(1e-3 if steps <= 64 else 1e-3 - 9e-4 * (steps - 64) / 64)
         assert values["max_grad_norm"] == pytest.approx(0.2 + 0.8 * 0.5 * (1 + math.cos(math.pi * done)))
         if algo is not A2C:
             # clip_range stays a schedule, called by train() with the progress remaining it sees
