@@ -714,8 +714,8 @@ class ActionMonitor(BaseCallback):
 
     - ``actions/mean_<i>``, ``actions/std_<i>``, ``actions/min_<i>``, ``actions/max_<i>``;
     - ``actions/at_low_<i>``, ``actions/at_high_<i>``, ``actions/at_bounds_<i>``: fraction of steps
-      within ``bound_tolerance * (high - low)`` of the lower / upper / either bound (finite bounds
-      only), and ``actions/at_bounds`` over all dimensions;
+      within ``bound_tolerance * (high - low)`` of the lower / upper / either bound, and
+      ``actions/at_bounds`` over all dimensions;
     - for squashed policies (``policy.squash_output``: PPOExt's default head, SAC-style heads) the
       pre-squash sample the rollout buffer stores: ``actions/pre_squash_{mean,std,min,max}_<i>``.
 
@@ -776,10 +776,10 @@ class ActionMonitor(BaseCallback):
         :return: ``mean``, ``std``, ``min``, ``max``, ``at_low``, ``at_high``, ``at_bounds`` per dimension
         """
         stats = self._moments(actions)
+        # SB3 requires finite bounds for Box actions.
         margin = self.bound_tolerance * (self._high - self._low)
-        with np.errstate(invalid="ignore"):
-            at_low = np.isfinite(self._low) & (actions <= self._low + margin)
-            at_high = np.isfinite(self._high) & (actions >= self._high - margin)
+        at_low = actions <= self._low + margin
+        at_high = actions >= self._high - margin
         stats["at_low"] = at_low.mean(axis=0)
         stats["at_high"] = at_high.mean(axis=0)
         stats["at_bounds"] = (at_low | at_high).mean(axis=0)
