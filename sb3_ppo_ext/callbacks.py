@@ -282,8 +282,15 @@ class ParameterSchedule:
     ):
         self.kind = _check_choice("kind", kind, SCHEDULE_KINDS)
         self.by = _check_choice("by", by, SCHEDULE_UNITS)
-        given = {"value": value, "start": start, "end": end, "finish": finish, "values": values, "boundaries": boundaries}
-        given["points"] = points
+        given: dict[str, Any] = {
+            "value": value,
+            "start": start,
+            "end": end,
+            "finish": finish,
+            "values": values,
+            "boundaries": boundaries,
+            "points": points,
+        }
         needed = {
             "constant": ("value",),
             "linear": ("start", "end", "finish"),
@@ -591,7 +598,7 @@ class TrainingHealthGuard(_AfterUpdateCallback):
         self._kl_target = self.kl_target
         if self._kl_target is None:
             for name in ("target_kl", "kl_target"):
-                value = getattr(self.model, name, None)
+                value: Any = getattr(self.model, name, None)
                 if _is_number(value) and value > 0:
                     self._kl_target = float(value)
                     break
