@@ -144,9 +144,15 @@ def _patch_experiment_manager(exp_manager: ModuleType) -> None:
 
     @functools.wraps(original_preprocess)
     def _preprocess_hyperparams(self, hyperparams):
-        hyperparams, *rest = original_preprocess(self, hyperparams)
-        if self.algo == ALGO_NAME:
-            hyperparams = check_hyperparams(hyperparams, f"{self.config} (env {self.env_name.gym_id}, with -params overrides)")
+        if self.algo != ALGO_NAME:
+            return original_preprocess(self, hyperparams)
+        # rl-zoo3 turns clip_range / clip_range_vf into schedules and rejects None, which for
+        # PPOExt means "off" (clip_range: null is the KL-penalty-only objective): keep them aside.
+        switched_off = {
+            key: None for key in ("clip_range", "clip_range_vf") if key in hyperparams and hyperparams[key] is None
+        }
+        hyperparams, *rest = original_preprocess(self, {k: v for k, v in hyperparams.items() if k not in switched_off})
+        hyperparams = check_hyperparams({**hyperparams, **switched_off}, f"{self.config} (env {self.env_name.gym_id})")
         return (hyperparams, *rest)
 
     @functools.wraps(original_setup)

@@ -1,0 +1,217 @@
+"""The ppo_ext search space, its converter, the shipped yml and the storage helper (in-process, no subprocess)."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import optuna
+import pytest
+import yaml
+from stable_baselines3.common.vec_env import DummyVecEnv
+
+from sb3_ppo_ext import PPOExt
+from sb3_ppo_ext.hyperparams import PPO_EXT_YML
+from sb3_ppo_ext.samplers import (
+    StorageError,
+    activation_class,
+    convert_zoo_params,
+    make_storage,
+    ppo_ext_kwargs_from_params,
+    sample_ppo_ext_params,
+    sample_zoo_form,
+    to_ppo_ext_kwargs,
+)
+from sb3_ppo_ext.zoo import ZooConfigError, check_hyperparams
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+N_CONFIGS = 200
+N_LEARN = 20
+# Settings of a yml entry that rl-zoo3 consumes itself before calling the algorithm.
+ZOO_ONLY_KEYS = {"n_envs", "n_timesteps", "normalize", "env_wrapper", "vec_env_wrapper", "callback", "frame_stack"}
+
+
+def _sampled_trials(n: int) -> list[tuple[optuna.trial.FrozenTrial, dict, bool]]:
+    """``n`` trials of a random-sampler study: (trial, zoo-form settings, continuous); every 4th on a discrete env."""
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0), direction="maximize")
+    out = []
+    for index in range(n):
+        continuous = index % 4 != 3
+        trial = study.ask()
+        settings = sample_zoo_form(trial, continuous=continuous)
+        study.tell(trial, 0.0)
+        out.append((study.trials[-1], settings, continuous))
+    return out
+
+
+@pytest.fixture(scope="module")
+def sampled():
+    return _sampled_trials(N_CONFIGS)
+
+
+@pytest.fixture(scope="module")
+def envs():
+    box = DummyVecEnv([lambda: gym.make("Pendulum-v1")])
+    discrete = DummyVecEnv([lambda: gym.make("CartPole-v1")])
+    yield {True: box, False: discrete}
+    box.close()
+    discrete.close()
+
+
+def test_200_sampled_configurations_construct(sampled, envs):
+    for _, settings, continuous in sampled:
+        PPOExt("MlpPolicy", envs[continuous], device="cpu", **to_ppo_ext_kwargs(settings))
+
+
+def test_20_sampled_configurations_learn_one_iteration(sampled):
+    """One rollout and one update each; the rollout is capped at 128 steps (the batch kept <= the rollout) to stay tiny."""
+    for trial, settings, continuous in sampled[:N_LEARN]:
+        tiny = {**settings, "n_steps": min(settings["n_steps"], 128), "batch_size": min(settings["batch_size"], 128)}
+        env = DummyVecEnv([lambda continuous=continuous: gym.make("Pendulum-v1" if continuous else "CartPole-v1")])
+        model = PPOExt("MlpPolicy", env, device="cpu", seed=trial.number, **to_ppo_ext_kwargs(tiny))
+        model.learn(total_timesteps=model.n_steps)
+        assert model._n_updates > 0, trial.params
+        env.close()
+
+
+def test_space_covers_every_branch(sampled):
+    """Each conditional branch is reached, and conditional parameters exist only in their branch."""
+    seen = {key: set() for key in ("objective", "vf_clip", "exploration", "squash", "lr_schedule", "kl_adaptive")}
+    for trial, settings, continuous in sampled:
+        params = trial.params
+        for key in seen:
+            if key in params:
+                seen[key].add(params[key])
+        assert ("clip_range" in params) == ("clip" in params["objective"])
+        assert ("kl_coef" in params) == ("kl" in params["objective"])
+        assert ("kl_target" in params) == bool(params.get("kl_adaptive"))
+        assert ("clip_range_vf" in params) == (params["vf_clip"] != "none")
+        assert ("squash" in params) == continuous
+        assert ("entropy_estimator" in params) == bool(params.get("squash"))
+        assert ("sde_sample_freq" in params) == (params.get("exploration") == "gsde")
+        assert settings["batch_size"] <= settings["n_steps"]
+        assert trial.user_attrs["n_steps"] == settings["n_steps"] and math.isclose(
+            trial.user_attrs["gamma"], settings["gamma"]
+        )
+    assert seen["objective"] == {"clip", "kl", "clip+kl"}
+    assert seen["vf_clip"] == {"none", "clipped", "max"}
+    assert seen["exploration"] == {"gaussian", "state_dependent_std", "gsde"}
+    assert seen["squash"] == seen["kl_adaptive"] == {True, False}
+    assert seen["lr_schedule"] == {"constant", "linear"}
+
+
+def test_converter_replays_the_sampler(sampled):
+    for trial, settings, _ in sampled:
+        assert convert_zoo_params(trial.params) == settings
+        kwargs = ppo_ext_kwargs_from_params(trial.params)
+        if isinstance(settings["learning_rate"], str):
+            assert math.isclose(kwargs["learning_rate"](1.0), float(settings["learning_rate"][4:]))
+            assert kwargs["learning_rate"](0.0) == 0.0
+
+
+def test_sample_ppo_ext_params_returns_objects():
+    trial = optuna.trial.FixedTrial(
+        {
+            "n_steps_pow": 6,
+            "batch_size_pow": 9,
+            "one_minus_gamma": 0.01,
+            "one_minus_gae_lambda": 0.05,
+            "n_epochs": 5,
+            "learning_rate": 1e-3,
+            "lr_schedule": "linear",
+            "max_grad_norm": 0.5,
+            "ent_coef": 1e-4,
+            "target_kl": None,
+            "objective": "kl",
+            "kl_coef": 1.0,
+            "kl_adaptive": True,
+            "kl_target": 0.01,
+            "vf_clip": "max",
+            "clip_range_vf": 0.2,
+            "net_arch": "tiny",
+            "activation_fn": "relu",
+            "ortho_init": False,
+            "squash": True,
+            "exploration": "state_dependent_std",
+            "log_std_init": -1.0,
+            "entropy_estimator": "mc",
+        }
+    )
+    kwargs = sample_ppo_ext_params(trial)
+    assert kwargs["batch_size"] == kwargs["n_steps"] == 64  # batch clamped to the rollout
+    assert kwargs["clip_range"] is None and kwargs["kl_coef"] == 1.0 and kwargs["kl_target"] == 0.01
+    assert kwargs["vf_clip_mode"] == "max" and kwargs["clip_range_vf"] == 0.2
+    assert kwargs["policy_kwargs"]["activation_fn"] is activation_class("relu")
+    assert kwargs["policy_kwargs"]["state_dependent_std"] is True and kwargs["use_sde"] is False
+    assert callable(kwargs["learning_rate"])
+
+
+def test_activation_names():
+    assert activation_class("tanh") is activation_class("nn.Tanh") is activation_class("torch.nn.Tanh")
+    with pytest.raises(ValueError, match=r"activation_fn='nn\.Sigmoidal'"):
+        activation_class("nn.Sigmoidal")
+
+
+def _yml_entries():
+    with open(PPO_EXT_YML) as file:
+        return yaml.safe_load(file)
+
+
+REQUIRED_ENVS = [
+    "Pendulum-v1",
+    "MountainCarContinuous-v0",
+    "LunarLanderContinuous-v3",
+    "BipedalWalker-v3",
+    "HalfCheetah-v5",
+    "Hopper-v5",
+    "Walker2d-v5",
+    "Ant-v5",
+    "Swimmer-v5",
+    "InvertedPendulum-v5",
+    "InvertedDoublePendulum-v5",
+    "Reacher-v5",
+    "CartPole-v1",
+    "LunarLander-v3",
+    "Acrobot-v1",
+    "default",
+]
+
+
+@pytest.mark.parametrize("env_id", REQUIRED_ENVS)
+def test_yml_entry_is_valid(env_id):
+    """Every required entry exists and passes the same check rl-zoo3 registration applies."""
+    entries = _yml_entries()
+    assert env_id in entries
+    settings = {k: v for k, v in entries[env_id].items() if k not in ZOO_ONLY_KEYS}
+    checked = check_hyperparams(settings, f"ppo_ext.yml ({env_id})")
+    assert "n_timesteps" in entries[env_id] and "policy" in entries[env_id]
+    if isinstance(checked.get("policy_kwargs"), dict):
+        assert not isinstance(checked["policy_kwargs"].get("activation_fn"), str)
+
+
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "MountainCarContinuous-v0", "CartPole-v1", "Acrobot-v1"])
+def test_yml_entry_constructs(env_id):
+    entry = {k: v for k, v in _yml_entries()[env_id].items() if k not in ZOO_ONLY_KEYS}
+    PPOExt(env=DummyVecEnv([lambda: gym.make(env_id)]), device="cpu", **to_ppo_ext_kwargs(check_hyperparams(entry, env_id)))
+
+
+def test_check_hyperparams_names_unknown_and_reserved():
+    with pytest.raises(ZooConfigError, match=r"unknown PPOExt parameter 'kl_targt' \(did you mean 'kl_target'\?\)"):
+        check_hyperparams({"kl_targt": 0.01}, "x.yml")
+    with pytest.raises(ZooConfigError, match="'seed' is set by rl-zoo3 itself"):
+        check_hyperparams({"seed": 1}, "x.yml")
+    with pytest.raises(ZooConfigError, match="activation_fn='swish'"):
+        check_hyperparams({"policy_kwargs": {"activation_fn": "swish"}}, "x.yml")
+
+
+def test_make_storage(tmp_path):
+    assert make_storage(None) is None
+    sqlite = make_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    assert isinstance(sqlite, optuna.storages.RDBStorage)
+    journal = make_storage(str(tmp_path / "sub" / "study.log"))
+    assert isinstance(journal, optuna.storages.JournalStorage)
+    with pytest.raises(StorageError, match=r"postgresql://user:\*\*\*@127\.0\.0\.1:9/db"):
+        make_storage("postgresql://user:secret@127.0.0.1:9/db")
+    with pytest.raises(StorageError, match="neither a database URL"):
+        make_storage("study.db")

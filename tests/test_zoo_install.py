@@ -1,0 +1,224 @@
+"""rl-zoo3 commands with ``--algo ppo_ext`` in a fresh virtual environment where the package is installed as users do it.
+
+Every command runs in a subprocess, in a folder outside the repository, with the venv's own
+interpreter and console scripts (see ``installed_venv`` in conftest.py: ``pip install .``, not
+editable). Budgets are tiny: these tests check the plumbing, not learning.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO_ROOT, Venv, build_venv
+
+# Small and fast: one env, 256-step rollouts, no periodic evaluation, one torch thread.
+TINY = "-n 256 --eval-freq -1 --num-threads 1 --seed 0 -params n_envs:1 n_steps:256"
+TIMEOUT = 300
+
+
+def run(venv: Venv, command: str | list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    """Run ``command`` (a shell-like string or a list; ``python`` / a console script resolve in the venv) in ``cwd``."""
+    args = shlex.split(command) if isinstance(command, str) else command
+    args = [str(venv.python) if args[0] == "python" else str(venv.bin / args[0]), *args[1:]]
+    return subprocess.run(
+        args, cwd=cwd, env=venv.env(OMP_NUM_THREADS="1", **env), capture_output=True, text=True, timeout=TIMEOUT
+    )
+
+
+def check(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert result.returncode == 0, (
+        f"exit {result.returncode}\n--- stdout\n{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-4000:]}"
+    )
+    return result
+
+
+def run_folders(cwd: Path, env_id: str = "Pendulum-v1") -> list[str]:
+    folder = cwd / "logs" / "ppo_ext"
+    return sorted(p.name for p in folder.glob(f"{env_id}_*")) if folder.is_dir() else []
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    """A working folder outside the repository."""
+    assert not tmp_path.resolve().is_relative_to(REPO_ROOT)
+    return tmp_path
+
+
+def test_installed_not_editable(installed_venv: Venv, workdir: Path):
+    result = check(run(installed_venv, "python -c 'import sb3_ppo_ext; print(sb3_ppo_ext.__file__)'", workdir))
+    assert Path(result.stdout.strip()).is_relative_to(installed_venv.site_packages)
+    assert (installed_venv.site_packages / "sb3_ppo_ext_zoo_hook.pth").is_file()
+    assert (installed_venv.site_packages / "sb3_ppo_ext" / "hyperparams" / "ppo_ext.yml").is_file()
+
+
+def test_train_enjoy_continue_record_video(installed_venv: Venv, workdir: Path):
+    """python -m rl_zoo3.train with a PPOExt -params override; enjoy loads it; -i continues it; record_video films it."""
+    train = f"python -m rl_zoo3.train --algo ppo_ext --env Pendulum-v1 {TINY}"
+    result = check(run(installed_venv, f"{train} kl_coef:1.0 kl_target:0.01", workdir))
+    assert "ppo_ext.yml" in result.stdout  # the shipped default hyperparameter file
+    assert run_folders(workdir) == ["Pendulum-v1_1"]
+    run_dir = workdir / "logs" / "ppo_ext" / "Pendulum-v1_1"
+    model = run_dir / "Pendulum-v1.zip"
+    assert model.is_file()
+    config = yaml.load((run_dir / "Pendulum-v1" / "config.yml").read_text(), Loader=yaml.UnsafeLoader)
+    assert dict(config)["kl_target"] == 0.01
+
+    enjoy = "python -m rl_zoo3.enjoy --algo ppo_ext --env Pendulum-v1 -f logs -n 210 --no-render"
+    assert "Mean reward" in check(run(installed_venv, enjoy, workdir)).stdout
+
+    check(run(installed_venv, f"{train} -i {model}", workdir))
+    assert (workdir / "logs" / "ppo_ext" / "Pendulum-v1_2" / "Pendulum-v1.zip").is_file()
+
+    if run(installed_venv, "python -c 'import pygame, moviepy'", workdir).returncode != 0:
+        pytest.skip("no renderer (pygame / moviepy) in the venv for record_video")
+    video = "python -m rl_zoo3.record_video --algo ppo_ext --env Pendulum-v1 -f logs --exp-id 1 -n 20 -o videos"
+    check(run(installed_venv, video, workdir))
+    assert list((workdir / "videos").glob("*.mp4"))
+
+
+def test_console_script_conf_file_subproc(installed_venv: Venv, workdir: Path):
+    """The `rl_zoo3 train` console script; --conf-file with a YAML policy_kwargs mapping; --vec-env subproc; discrete env."""
+    conf = workdir / "my_ppo_ext.yml"
+    entry = {
+        "n_envs": 2,
+        "n_timesteps": 256,
+        "policy": "MlpPolicy",
+        "n_steps": 64,
+        "batch_size": 32,
+        "clip_range": None,  # the KL-penalty-only objective
+        "kl_coef": 0.5,
+        "policy_kwargs": {"net_arch": [16], "activation_fn": "relu"},
+    }
+    conf.write_text(yaml.safe_dump({"CartPole-v1": entry}))
+    command = (
+        f"rl_zoo3 train --algo ppo_ext --env CartPole-v1 --conf-file {conf} --vec-env subproc --eval-freq -1 --num-threads 1"
+    )
+    result = check(run(installed_venv, command, workdir))
+    assert str(conf) in result.stdout
+    assert (workdir / "logs" / "ppo_ext" / "CartPole-v1_1" / "CartPole-v1.zip").is_file()
+
+
+def test_optimize(installed_venv: Venv, workdir: Path):
+    """-optimize with the ppo_ext sampler on a journal-file storage: report written, no empty run folder left."""
+    command = (
+        "python -m rl_zoo3.train --algo ppo_ext --env Pendulum-v1 -optimize -n 256 --n-trials 2 --n-startup-trials 1 "
+        "--n-evaluations 1 --eval-episodes 1 --no-optim-plots --num-threads 1 --storage study.log --study-name zoo "
+        "--seed 0 -params n_envs:1"
+    )
+    result = check(run(installed_venv, command, workdir))
+    assert "objective:" in result.stdout and "User Attributes" in result.stdout
+    assert list((workdir / "logs" / "ppo_ext").glob("report_Pendulum-v1_2-trials-*.csv"))
+    assert run_folders(workdir) == []
+
+
+@pytest.mark.parametrize("route", ["no-hook-env-var", "python-S"])
+def test_route_without_startup_hook(installed_venv: Venv, workdir: Path, route: str):
+    """python -m sb3_ppo_ext.zoo train ... works where the hook is off or .pth files are not read."""
+    command = f"python -m sb3_ppo_ext.zoo train --algo ppo_ext --env Pendulum-v1 {TINY}"
+    if route == "python-S":
+        result = check(
+            run(
+                installed_venv,
+                command.replace("python", "python -S", 1),
+                workdir,
+                PYTHONPATH=str(installed_venv.site_packages),
+            )
+        )
+    else:
+        result = check(run(installed_venv, command, workdir, SB3_PPO_EXT_NO_ZOO_HOOK="1"))
+    assert "Saving to" in result.stdout
+    # With the hook switched off, plain rl-zoo3 does not know ppo_ext.
+    plain = run(installed_venv, "python -m rl_zoo3.train --algo ppo_ext", workdir, SB3_PPO_EXT_NO_ZOO_HOOK="1")
+    assert plain.returncode == 2 and "invalid choice: 'ppo_ext'" in plain.stderr
+
+
+BAD_INPUTS = {
+    "unknown env id": ("--env Pendulm-v1", "Pendulm-v1 not found in gym registry, you maybe meant Pendulum-v1"),
+    "no entry, no default": ("--env Pendulum-v1 --conf-file conf.yml", "Hyperparameters not found for ppo_ext-Pendulum-v1"),
+    "malformed -params": ("--env Pendulum-v1 -params kl_target:0.0.1", "argument -params: cannot parse 'kl_target:0.0.1'"),
+    "unknown yml parameter": (
+        "--env CartPole-v1 --conf-file conf.yml",
+        "unknown PPOExt parameter 'kl_targt' (did you mean 'kl_target'?)",
+    ),
+    "invalid PPOExt value": ("--env Pendulum-v1 -params kl_target:0.01", "kl_target=0.01 needs kl_coef > 0"),
+    "unreachable storage": (
+        "--env Pendulum-v1 -optimize --storage postgresql://user:pw@127.0.0.1:9/optuna --study-name s",
+        "cannot open Optuna storage postgresql://user:***@127.0.0.1:9/optuna",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_fails_clearly_and_leaves_nothing(installed_venv: Venv, workdir: Path, case: str):
+    extra, message = BAD_INPUTS[case]
+    (workdir / "conf.yml").write_text(
+        yaml.safe_dump({"CartPole-v1": {"n_timesteps": 256, "policy": "MlpPolicy", "kl_targt": 0.01}})
+    )
+    result = run(installed_venv, f"python -m rl_zoo3.train --algo ppo_ext -n 256 --eval-freq -1 {extra}", workdir)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr[-3000:]
+    # No run folder (enjoy would take it for the latest run), no study file.
+    assert run_folders(workdir) == [] and run_folders(workdir, "CartPole-v1") == []
+    assert not list(workdir.glob("*.log")) and not list(workdir.glob("*.db"))
+    if case == "invalid PPOExt value":  # the failure happened after rl-zoo3 made the run folder: the next run is _1
+        check(run(installed_venv, f"python -m rl_zoo3.train --algo ppo_ext --env Pendulum-v1 {TINY}", workdir))
+        assert run_folders(workdir) == ["Pendulum-v1_1"]
+
+
+BROKEN_CASES = {
+    # The hook module itself cannot be imported.
+    "hook raises": {"sb3_ppo_ext_zoo_hook.py": "raise ImportError('half uninstalled')\n"},
+    "hook syntax error": {"sb3_ppo_ext_zoo_hook.py": "def (:\n"},
+    # The hook is fine but the package is broken: nothing happens until rl_zoo3 is imported, and then rl-zoo3 still runs.
+    "package raises": {"sb3_ppo_ext/__init__.py": "raise RuntimeError('broken')\n"},
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_CASES))
+def test_broken_install_is_silent(installed_venv: Venv, workdir: Path, case: str):
+    """With the package's modules made unimportable (shadowed on PYTHONPATH), the interpreter starts silently."""
+    shadow = workdir / "shadow"
+    for name, text in BROKEN_CASES[case].items():
+        (shadow / name).parent.mkdir(parents=True, exist_ok=True)
+        (shadow / name).write_text(text)
+    result = run(installed_venv, ["python", "-c", "print(1)"], workdir, PYTHONPATH=str(shadow))
+    assert (result.returncode, result.stdout, result.stderr) == (0, "1\n", "")
+    zoo = run(
+        installed_venv,
+        "python -c 'import rl_zoo3.train, rl_zoo3.utils as u; print(\"ppo_ext\" in u.ALGOS)'",
+        workdir,
+        PYTHONPATH=str(shadow),
+    )
+    assert (zoo.returncode, zoo.stdout) == (0, "False\n"), zoo.stderr[-2000:]
+
+
+def test_hook_switch_and_startup_cost(installed_venv: Venv, workdir: Path):
+    """SB3_PPO_EXT_NO_ZOO_HOOK=1 keeps the hook out; with it, `python -c pass` costs < 5 ms more than without the package."""
+    probe = "import sys; print(any(type(f).__name__ == 'ZooImportHook' for f in sys.meta_path), 'sb3_ppo_ext' in sys.modules)"
+    assert check(run(installed_venv, ["python", "-c", probe], workdir)).stdout == "True False\n"
+    assert check(run(installed_venv, ["python", "-c", probe], workdir, SB3_PPO_EXT_NO_ZOO_HOOK="1")).stdout == "False False\n"
+    result = run(
+        installed_venv, f"python {REPO_ROOT / 'scripts' / 'measure_startup.py'} --python {installed_venv.python}", workdir
+    )
+    print(result.stdout)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_editable_install(tmp_path_factory: pytest.TempPathFactory):
+    """pip install -e . ships the hook too (setup.py copies the .pth into the editable wheel)."""
+    venv = build_venv(tmp_path_factory.mktemp("editable") / "venv", "", editable=True)
+    workdir = tmp_path_factory.mktemp("editable-run")
+    location = check(run(venv, "python -c 'import sb3_ppo_ext; print(sb3_ppo_ext.__file__)'", workdir)).stdout.strip()
+    assert not Path(location).is_relative_to(venv.site_packages)  # served from the source tree
+    assert (venv.site_packages / "sb3_ppo_ext_zoo_hook.pth").is_file()
+    check(run(venv, f"python -m rl_zoo3.train --algo ppo_ext --env Pendulum-v1 {TINY}", workdir))
+    assert run_folders(workdir) == ["Pendulum-v1_1"]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
