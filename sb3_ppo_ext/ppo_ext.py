@@ -405,7 +405,11 @@ class PPOExt(PPO):
         entropy_mean = -th.mean(log_prob) if entropy is None else th.mean(entropy)
         entropy_loss = -entropy_mean
 
-        loss = policy_loss + kl_penalty + self.ent_coef * entropy_loss + self.vf_coef * value_loss
+        loss = policy_loss + kl_penalty + self.vf_coef * value_loss
+        # With ent_coef == 0 the term adds nothing but a backward pass through the entropy estimate
+        # (a Monte Carlo sample for the squashed head): leave it out of the graph.
+        if self.ent_coef != 0:
+            loss = loss + self.ent_coef * entropy_loss
 
         with th.no_grad():
             terms.update(
