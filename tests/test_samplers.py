@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import gymnasium as gym
 import optuna
@@ -215,3 +217,12 @@ def test_make_storage(tmp_path):
         make_storage("postgresql://user:secret@127.0.0.1:9/db")
     with pytest.raises(StorageError, match="neither a database URL"):
         make_storage("study.db")
+
+
+def test_importing_the_package_imports_neither_rl_zoo3_nor_optuna():
+    code = (
+        "import sys, sb3_ppo_ext, sb3_ppo_ext.zoo, sb3_ppo_ext.samplers; "
+        "print(sorted(m for m in ('rl_zoo3', 'optuna') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout == "[]\n"
