@@ -218,6 +218,12 @@ def test_editable_install(tmp_path_factory: pytest.TempPathFactory):
     assert (venv.site_packages / "sb3_ppo_ext_zoo_hook.pth").is_file()
     check(run(venv, f"python -m rl_zoo3.train --algo ppo_ext --env Pendulum-v1 {TINY}", workdir))
     assert run_folders(workdir) == ["Pendulum-v1_1"]
+    # The editable install is a plain path entry (no setuptools import finder): start-up stays cheap.
+    # (A source checkout has no .pyc of the hook until one run may write it.)
+    check(run(venv, "python -c pass", workdir, PYTHONDONTWRITEBYTECODE=""))
+    measure = f"python {REPO_ROOT / 'scripts' / 'measure_startup.py'} --python {venv.python}"
+    result = run(venv, measure, workdir, PYTHONDONTWRITEBYTECODE="")
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 if __name__ == "__main__":
