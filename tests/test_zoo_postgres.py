@@ -86,6 +86,7 @@ def test_zoo_optimize_workers_share_one_study(postgres_url: str, tmp_path: Path)
         sys.executable, "-m", "sb3_ppo_ext.zoo", "train", "--algo", "ppo_ext", "--env", "Pendulum-v1", "-optimize",
         "-n", "256", "--n-trials", str(N_TRIALS), "--n-startup-trials", "2", "--n-evaluations", "1", "--eval-episodes", "1",
         "--no-optim-plots", "--num-threads", "1", "--storage", postgres_url, "--study-name", study_name, "-params", "n_envs:1",
+        "--pruner", "none",  # every trial completes, so a trial number > 0 exists for --trial-id below
     ]  # fmt: skip
     results = _start_workers([[*command, "--seed", str(seed)] for seed in range(N_WORKERS)], tmp_path)
     assert all("Best trial:" in r.stdout for r in results)
@@ -100,6 +101,18 @@ def test_zoo_optimize_workers_share_one_study(postgres_url: str, tmp_path: Path)
     manager.algo = "ppo_ext"
     settings = manager.load_trial(postgres_url, study_name)  # the best trial, converted for the zoo's yml form
     _train_briefly(to_ppo_ext_kwargs(settings))
+
+    # The command-line route: train with a finished trial's settings (rl-zoo3 ignores --trial-id 0).
+    study = optuna.load_study(study_name=study_name, storage=make_storage(postgres_url))
+    trial_id = max(t.number for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and t.number > 0)
+    train = [
+        sys.executable, "-m", "sb3_ppo_ext.zoo", "train", "--algo", "ppo_ext", "--env", "Pendulum-v1", "-n", "256",
+        "--eval-freq", "-1", "--num-threads", "1", "--storage", postgres_url, "--study-name", study_name,
+        "--trial-id", str(trial_id), "-params", "n_envs:1",
+    ]  # fmt: skip
+    (result,) = _start_workers([train], tmp_path)
+    assert "Loading from Optuna study" in result.stdout
+    assert list((tmp_path / "logs" / "ppo_ext").glob("Pendulum-v1_*/Pendulum-v1.zip"))
 
 
 def test_unreachable_postgres_fails_clearly(tmp_path: Path):
