@@ -16,7 +16,7 @@ changes nothing for rl-zoo3's own algorithms:
   before anything is written; activation names in ``policy_kwargs`` (``activation_fn: tanh``) are
   mapped to torch classes without ``eval``; a run folder created by a failed run is removed;
   an Optuna storage URL is opened (and checked) through :func:`sb3_ppo_ext.samplers.make_storage`
-  before a study starts.
+  before a study starts or a ``--trial-id`` is loaded.
 
 Importing this module imports neither rl_zoo3 nor optuna.
 """
@@ -132,6 +132,7 @@ def _patch_experiment_manager(exp_manager: ModuleType) -> None:
     original_preprocess = manager_class._preprocess_hyperparams
     original_setup = manager_class.setup_experiment
     original_optimization = manager_class.hyperparameters_optimization
+    original_load_trial = manager_class.load_trial
     init_signature = inspect.signature(original_init)
 
     @functools.wraps(original_init)
@@ -168,19 +169,22 @@ def _patch_experiment_manager(exp_manager: ModuleType) -> None:
                 shutil.rmtree(self.save_path, ignore_errors=True)
             raise
 
+    @functools.wraps(original_load_trial)
+    def load_trial(self, storage, *args, **kwargs):
+        if self.algo == ALGO_NAME:
+            _check_storage(storage)  # --trial-id: a clear error for an unreachable database
+        return original_load_trial(self, storage, *args, **kwargs)
+
     @functools.wraps(original_optimization)
     def hyperparameters_optimization(self):
         if self.algo != ALGO_NAME:
             return original_optimization(self)
-        from sb3_ppo_ext.samplers import StorageError, make_storage
-
-        if self.storage is not None and not self.storage.endswith(".log"):
-            try:
-                # Opens the database (and creates Optuna's tables) before any trial runs.
-                make_storage(self.storage)
-            except StorageError as error:
-                _remove_run_without_model(self.save_path)
-                raise ZooConfigError(str(error)) from None
+        try:
+            # Opens the database (and creates Optuna's tables) before any trial runs.
+            _check_storage(self.storage)
+        except ZooConfigError:
+            _remove_run_without_model(self.save_path)
+            raise
         try:
             return original_optimization(self)
         finally:
@@ -192,7 +196,20 @@ def _patch_experiment_manager(exp_manager: ModuleType) -> None:
     manager_class._preprocess_hyperparams = _preprocess_hyperparams
     manager_class.setup_experiment = setup_experiment
     manager_class.hyperparameters_optimization = hyperparameters_optimization
+    manager_class.load_trial = load_trial
     setattr(manager_class, _PATCHED, True)
+
+
+def _check_storage(storage: str | None) -> None:
+    """Open an RDB storage URL through :func:`sb3_ppo_ext.samplers.make_storage`; ZooConfigError if it fails."""
+    if storage is None or storage.endswith(".log"):
+        return
+    from sb3_ppo_ext.samplers import StorageError, make_storage
+
+    try:
+        make_storage(storage)
+    except StorageError as error:
+        raise ZooConfigError(str(error)) from None
 
 
 def _remove_run_without_model(save_path: str) -> None:

@@ -150,6 +150,10 @@ BAD_INPUTS = {
         "--env Pendulum-v1 -optimize --storage postgresql://user:pw@127.0.0.1:9/optuna --study-name s",
         "cannot open Optuna storage postgresql://user:***@127.0.0.1:9/optuna",
     ),
+    "unreachable storage, --trial-id": (
+        "--env Pendulum-v1 --storage postgresql://user:pw@127.0.0.1:9/optuna --study-name s --trial-id 1",
+        "cannot open Optuna storage postgresql://user:***@127.0.0.1:9/optuna",
+    ),
 }
 
 
