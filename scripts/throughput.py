@@ -6,11 +6,15 @@ medians, and of the best runs (interference only ever adds time, so the best run
 least disturbed one). Read the ratios, not the absolute figures.
 
     python scripts/throughput.py --env Pendulum-v1 --steps 20000 --repeats 3
+    python scripts/throughput.py --steps 8192 --repeats 7 --json docs/benchmarks/throughput.json  # for the report
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import platform
 import statistics
 import time
 
@@ -46,6 +50,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--n-envs", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--json", metavar="PATH", help="also write the measurements to PATH (read by scripts/benchmark_report.py)"
+    )
     args = parser.parse_args()
     th.set_num_threads(1)
 
@@ -61,6 +68,30 @@ def main() -> None:
     for name, values in fps.items():
         median, best = statistics.median(values), max(values)
         print(f"| {name} | {median:.0f} | {median / stock_median:.3f} | {best:.0f} | {best / stock_best:.3f} |")
+    if args.json:
+        result = {
+            "env": args.env,
+            "steps": args.steps,
+            "repeats": args.repeats,
+            "n_envs": args.n_envs,
+            "hyperparams": HYPERPARAMS,
+            "torch_threads": th.get_num_threads(),
+            "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "variants": {
+                name: {
+                    "kwargs": repr(VARIANTS[name][1]),
+                    "fps": values,
+                    "median": statistics.median(values),
+                    "best": max(values),
+                    "ratio_of_medians": statistics.median(values) / stock_median,
+                    "ratio_of_bests": max(values) / stock_best,
+                }
+                for name, values in fps.items()
+            },
+        }
+        with open(args.json, "w") as file:
+            json.dump(result, file, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,417 @@
+"""Benchmark matrix: PPOExt variants against stock SB3 PPO, algorithms x envs x seeds, in parallel processes.
+
+Every model is built by rl-zoo3's own ``ExperimentManager`` (the path ``python -m rl_zoo3.train``
+takes: hyperparameter preprocessing, schedules, ``normalize``, ``n_envs``, env wrappers), so stock
+PPO gets exactly rl-zoo3's ``ppo.yml`` entry and the PPOExt variants the shipped ``ppo_ext.yml``
+entry (see ``ALGOS``). Every algorithm gets the same seeds and the same env-step budget.
+
+Each run evaluates deterministically on a separate eval env (VecNormalize statistics synced from
+the training env when ``normalize`` is on) at step 0, at every multiple of ``--eval-freq`` below
+the budget and once more after the last update. It writes ``<out>/<env>/<algo>/seed<k>.csv``
+(``timesteps, mean_return, std_return, episodes, wall_time, fps``: ``wall_time`` is the training
+time so far, evaluations excluded, ``fps`` the env steps per second of that time) and then a
+``seed<k>.done.json`` marker (total wall-clock, training time, env-steps/s, the hyperparameters
+used, versions). Both are written to a temporary file and renamed. A restarted benchmark skips
+runs whose marker matches the requested budget and reruns every other run from scratch.
+
+    python scripts/benchmark.py --suite pendulum --workers 1
+    python scripts/benchmark.py --envs Pendulum-v1 --algos ppo ppo_ext_clip --seeds 2 --steps 20000
+    python scripts/benchmark_report.py   # docs/BENCHMARKS.md from the results
+
+Run one process per core at most (``--workers``, default: the core count); each uses one torch thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import csv
+import dataclasses
+import json
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+CSV_FIELDS = ("timesteps", "mean_return", "std_return", "episodes", "wall_time", "fps")
+DEFAULT_OUT = "logs/benchmark"  # logs/ is git-ignored
+
+# name -> (rl-zoo3 algo, overrides of the yml entry, description). "policy_kwargs" overrides are
+# merged into the entry's policy_kwargs (see _zoo_overrides).
+ALGOS: dict[str, tuple[str, dict[str, Any], str]] = {
+    "ppo": ("ppo", {}, "stock SB3 PPO, rl-zoo3's ppo.yml entry"),
+    "ppo_ext_clip": ("ppo_ext", {}, "PPOExt, squashed head + clipped surrogate (shipped ppo_ext.yml entry)"),
+    "ppo_ext_kl": (
+        "ppo_ext",
+        {"clip_range": None, "kl_coef": 1.0, "kl_target": 0.01},
+        "PPOExt, squashed head + adaptive KL penalty (clip_range: None, kl_coef: 1.0, kl_target: 0.01)",
+    ),
+    "ppo_ext_gauss": (
+        "ppo_ext",
+        {"policy_kwargs": {"squash_output": False}},
+        "PPOExt, Gaussian head + clip (policy_kwargs.squash_output: False)",
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvBudget:
+    """One env of a suite: env-step budget, seeds, evaluation interval."""
+
+    env: str
+    steps: int
+    seeds: int
+    eval_freq: int
+
+
+# The issue's minimum suite on a 2-core machine; "pendulum" is its first row alone.
+SUITES: dict[str, list[EnvBudget]] = {
+    "pendulum": [EnvBudget("Pendulum-v1", 100_000, 5, 10_000)],
+    "issue": [
+        EnvBudget("Pendulum-v1", 100_000, 5, 10_000),
+        EnvBudget("LunarLanderContinuous-v3", 300_000, 3, 20_000),
+        EnvBudget("Hopper-v5", 300_000, 3, 20_000),
+        EnvBudget("HalfCheetah-v5", 300_000, 3, 20_000),
+    ],
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """One run of the matrix."""
+
+    env: str
+    algo: str
+    seed: int
+    steps: int
+    eval_freq: int
+    eval_episodes: int
+    out: str
+    device: str = "cpu"
+
+    @property
+    def stem(self) -> Path:
+        return Path(self.out) / self.env / self.algo / f"seed{self.seed}"
+
+    @property
+    def csv_path(self) -> Path:
+        return self.stem.with_suffix(".csv")
+
+    @property
+    def marker_path(self) -> Path:
+        return self.stem.with_suffix(".done.json")
+
+    @property
+    def log_path(self) -> Path:
+        return self.stem.with_suffix(".log")
+
+    def budget(self) -> dict[str, Any]:
+        """What a finished run must match to be skipped."""
+        return {"steps": self.steps, "eval_freq": self.eval_freq, "eval_episodes": self.eval_episodes, "device": self.device}
+
+
+def is_finished(spec: RunSpec) -> bool:
+    """Whether ``spec`` has a CSV and a done marker recorded for the same budget."""
+    if not (spec.csv_path.is_file() and spec.marker_path.is_file()):
+        return False
+    try:
+        marker = json.loads(spec.marker_path.read_text())
+    except (OSError, ValueError):
+        return False
+    return marker.get("budget") == spec.budget()
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name + ".", suffix=".tmp", delete=False) as file:
+        file.write(text)
+    os.replace(file.name, path)
+
+
+# --- one run (in a worker process) -------------------------------------------------------------
+
+
+def _stock_ppo_config(env_id: str, folder: str) -> tuple[str | None, str]:
+    """
+    rl-zoo3's ppo.yml for ``env_id``: the file itself, or, for a ``-v5`` env without an entry, a copy
+    of its ``-v4`` entry under the v5 id (rl-zoo3 2.9.2 has MuJoCo entries for v4 only).
+
+    :return: the config path (None: rl-zoo3's default file) and the name of the entry used
+    """
+    import rl_zoo3
+    import yaml
+
+    path = Path(rl_zoo3.__file__).parent / "hyperparams" / "ppo.yml"
+    entries = yaml.safe_load(path.read_text())
+    if env_id in entries:
+        return None, f"rl_zoo3/hyperparams/ppo.yml: {env_id}"
+    name, _, version = env_id.rpartition("-v")
+    v4 = f"{name}-v4"
+    if version == "5" and v4 in entries:
+        copy = Path(folder) / "ppo_v5_from_v4.yml"
+        copy.write_text(yaml.safe_dump({env_id: entries[v4]}))
+        return str(copy), f"rl_zoo3/hyperparams/ppo.yml: {v4} (the v4 entry, applied to {env_id})"
+    return None, "rl_zoo3/hyperparams/ppo.yml: default"
+
+
+def _zoo_overrides(env_id: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The variant's overrides, with ``policy_kwargs`` merged into the shipped entry's own."""
+    if "policy_kwargs" not in overrides:
+        return dict(overrides)
+    from sb3_ppo_ext.hyperparams import load_hyperparams
+
+    shipped = load_hyperparams(env_id).get("policy_kwargs") or {}
+    if not isinstance(shipped, dict):
+        raise ValueError(f"ppo_ext.yml {env_id}: policy_kwargs must be a mapping, got {shipped!r}")
+    return {**overrides, "policy_kwargs": {**shipped, **overrides["policy_kwargs"]}}
+
+
+def _make_eval_callback(eval_env, csv_file, eval_freq: int, eval_episodes: int, budget: int):
+    """A callback that evaluates at step 0, at each multiple of ``eval_freq`` below ``budget`` and after training."""
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.vec_env import sync_envs_normalization
+
+    class CSVEvalCallback(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.writer = csv.writer(csv_file)
+            self.writer.writerow(CSV_FIELDS)
+            self.next_eval = 0
+            self.start = 0.0
+            self.eval_time = 0.0
+            self.rows: list[tuple] = []
+
+        def _on_training_start(self) -> None:
+            self.start = time.perf_counter()
+            self.evaluate()
+
+        def _on_step(self) -> bool:
+            # Mid-rollout evaluations use the policy of the last update; the one at the budget
+            # waits for the last update (_on_training_end).
+            if self.next_eval <= self.num_timesteps < budget:
+                self.evaluate()
+            return True
+
+        def _on_training_end(self) -> None:
+            self.evaluate()
+
+        def evaluate(self) -> None:
+            began = time.perf_counter()
+            train_time = began - self.start - self.eval_time
+            sync_envs_normalization(self.training_env, eval_env)
+            returns, _ = evaluate_policy(
+                self.model, eval_env, n_eval_episodes=eval_episodes, deterministic=True, return_episode_rewards=True
+            )
+            self.eval_time += time.perf_counter() - began
+            fps = self.num_timesteps / train_time if train_time > 0 else 0.0
+            row = (self.num_timesteps, float(sum(returns) / len(returns)), float(_std(returns)), len(returns), train_time, fps)
+            self.rows.append(row)
+            self.writer.writerow([row[0], f"{row[1]:.6g}", f"{row[2]:.6g}", row[3], f"{row[4]:.3f}", f"{row[5]:.1f}"])
+            csv_file.flush()
+            self.next_eval = (self.num_timesteps // eval_freq + 1) * eval_freq
+
+    return CSVEvalCallback()
+
+
+def _std(values) -> float:
+    mean = sum(values) / len(values)
+    return (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+
+
+def run_one(spec: RunSpec) -> dict[str, Any]:
+    """
+    Train and evaluate one run; write its CSV and done marker.
+
+    :return: the marker's content
+    """
+    import torch as th
+
+    th.set_num_threads(1)
+    spec.stem.parent.mkdir(parents=True, exist_ok=True)
+    for stale in (spec.marker_path, spec.csv_path):
+        stale.unlink(missing_ok=True)
+    tmp_csv = spec.csv_path.with_suffix(".csv.tmp")
+    began = time.perf_counter()
+    with (
+        tempfile.TemporaryDirectory(prefix="sb3_ppo_ext_bench_") as folder,
+        open(spec.log_path, "w") as log,
+        contextlib.redirect_stdout(log),
+        contextlib.redirect_stderr(log),
+    ):
+        import rl_zoo3
+        import stable_baselines3
+        from rl_zoo3.exp_manager import ExperimentManager
+        from stable_baselines3.common.utils import set_random_seed
+
+        import sb3_ppo_ext
+        from sb3_ppo_ext import zoo
+
+        zoo.register()  # idempotent; the startup hook normally did it already
+        zoo_algo, overrides, description = ALGOS[spec.algo]
+        if zoo_algo == "ppo":
+            config, source = _stock_ppo_config(spec.env, folder)
+        else:
+            config, source = None, f"sb3_ppo_ext/hyperparams/ppo_ext.yml: {spec.env}"
+        overrides = _zoo_overrides(spec.env, overrides)
+        set_random_seed(spec.seed)  # as rl_zoo3.train does before building the manager
+        manager = ExperimentManager(
+            argparse.Namespace(**dataclasses.asdict(spec)),
+            zoo_algo,
+            spec.env,
+            folder,
+            n_timesteps=spec.steps,
+            eval_freq=-1,  # our own evaluation callback below
+            hyperparams=overrides or None,
+            seed=spec.seed,
+            verbose=0,
+            device=spec.device,
+            config=config,
+        )
+        setup = manager.setup_experiment()
+        assert setup is not None
+        model, saved_hyperparams = setup
+        eval_env = manager.create_envs(1, eval_env=True)
+        with open(tmp_csv, "w", newline="") as csv_file:
+            evaluation = _make_eval_callback(eval_env, csv_file, spec.eval_freq, spec.eval_episodes, spec.steps)
+            train_began = time.perf_counter()
+            model.learn(manager.n_timesteps, callback=[*manager.callbacks, evaluation])
+            learn_time = time.perf_counter() - train_began
+        model.env.close()
+        eval_env.close()
+        if model.num_timesteps < spec.steps:
+            raise RuntimeError(f"training stopped at {model.num_timesteps} < {spec.steps} steps")
+        final = evaluation.rows[-1]
+        marker = {
+            "env": spec.env,
+            "algo": spec.algo,
+            "description": description,
+            "seed": spec.seed,
+            "budget": spec.budget(),
+            "timesteps": model.num_timesteps,
+            "final_mean_return": final[1],
+            "train_time_s": final[4],
+            "eval_time_s": evaluation.eval_time,
+            "learn_time_s": learn_time,
+            "total_wall_time_s": time.perf_counter() - began,
+            "env_steps_per_s": final[5],
+            "hyperparams_source": source,
+            "overrides": {key: repr(value) for key, value in overrides.items()},
+            "hyperparams": {key: repr(value) for key, value in saved_hyperparams.items()},
+            "n_envs": manager.n_envs,
+            "normalize": manager.normalize,
+            "versions": {
+                "python": sys.version.split()[0],
+                "stable_baselines3": stable_baselines3.__version__,
+                "rl_zoo3": rl_zoo3.__version__,
+                "sb3_ppo_ext": sb3_ppo_ext.__version__,
+                "torch": th.__version__,
+            },
+            "cpu_count": os.cpu_count(),
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+    os.replace(tmp_csv, spec.csv_path)
+    write_atomic(spec.marker_path, json.dumps(marker, indent=1) + "\n")
+    return marker
+
+
+# --- the matrix ---------------------------------------------------------------------------------
+
+
+def build_matrix(args: argparse.Namespace) -> list[RunSpec]:
+    """Run specs, env by env, seed by seed, algorithm by algorithm (so that partial results stay balanced)."""
+    if args.envs:
+        budgets = [EnvBudget(env, args.steps or 100_000, args.seeds or 3, args.eval_freq or 10_000) for env in args.envs]
+    else:
+        budgets = [
+            EnvBudget(b.env, args.steps or b.steps, args.seeds or b.seeds, args.eval_freq or b.eval_freq)
+            for b in SUITES[args.suite]
+        ]
+    return [
+        RunSpec(b.env, algo, seed, b.steps, b.eval_freq, args.eval_episodes, args.out, args.device)
+        for b in budgets
+        for seed in range(args.first_seed, args.first_seed + b.seeds)
+        for algo in args.algos
+    ]
+
+
+def _format_duration(seconds: float) -> str:
+    seconds = round(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def run_matrix(specs: list[RunSpec], workers: int) -> int:
+    """Run the unfinished specs in ``workers`` processes, printing one line per finished run; return the failure count."""
+    pending = [spec for spec in specs if not is_finished(spec)]
+    print(
+        f"{len(specs)} runs, {len(specs) - len(pending)} already finished (skipped), {len(pending)} to run, {workers} workers"
+    )
+    if not pending:
+        return 0
+    failures = 0
+    durations: list[float] = []
+    started = time.perf_counter()
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        futures = {pool.submit(run_one, spec): spec for spec in pending}
+        for done, future in enumerate(concurrent.futures.as_completed(futures), start=1):
+            spec = futures[future]
+            elapsed = time.perf_counter() - started
+            name = f"{spec.env} {spec.algo} seed {spec.seed}"
+            try:
+                marker = future.result()
+            except Exception:
+                failures += 1
+                print(f"[{done}/{len(pending)}] FAILED {name} (log: {spec.log_path})\n{traceback.format_exc()}", flush=True)
+                continue
+            durations.append(marker["total_wall_time_s"])
+            # Runs finish about every elapsed/done seconds with all workers busy.
+            eta = elapsed / done * (len(pending) - done)
+            print(
+                f"[{done}/{len(pending)}] {name}: final return {marker['final_mean_return']:.1f} at "
+                f"{marker['timesteps']} steps, {marker['env_steps_per_s']:.0f} env-steps/s, "
+                f"{_format_duration(marker['total_wall_time_s'])} | elapsed {_format_duration(elapsed)}, "
+                f"ETA {_format_duration(eta)}",
+                flush=True,
+            )
+    return failures
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", choices=sorted(SUITES), default="pendulum", help="preset envs and budgets")
+    parser.add_argument("--envs", nargs="+", help="env ids instead of a suite (budget from --steps/--seeds/--eval-freq)")
+    parser.add_argument("--algos", nargs="+", choices=list(ALGOS), default=list(ALGOS))
+    parser.add_argument("--steps", type=int, help="env-step budget per run (overrides the suite)")
+    parser.add_argument("--seeds", type=int, help="number of seeds (overrides the suite)")
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--eval-freq", type=int, help="evaluate every this many env steps (overrides the suite)")
+    parser.add_argument("--eval-episodes", type=int, default=10)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="parallel processes (default: core count)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", default=DEFAULT_OUT, help=f"results folder (default {DEFAULT_OUT})")
+    parser.add_argument("--list", action="store_true", help="print the matrix and whether each run is finished, then exit")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    specs = build_matrix(args)
+    if args.list:
+        for spec in specs:
+            print(f"{'done' if is_finished(spec) else 'todo'} {spec.env} {spec.algo} seed {spec.seed} ({spec.steps} steps)")
+        return 0
+    failures = run_matrix(specs, max(1, args.workers))
+    if failures:
+        print(f"{failures} run(s) failed; rerun the same command to retry them", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
