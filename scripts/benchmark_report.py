@@ -1,0 +1,465 @@
+"""Build docs/BENCHMARKS.md and its learning-curve PNGs from the CSVs of scripts/benchmark.py.
+
+Per env: final deterministic return across seeds (mean, std, IQM with a 95 % percentile bootstrap
+confidence interval: ``scipy.stats.bootstrap`` of ``scipy.stats.trim_mean(x, 0.25)``, the IQM of
+rliable), steps to a stated threshold, wall-clock and env-steps per second; a PNG of the learning
+curves (mean across seeds, 95 % bootstrap band); the throughput table of ``scripts/throughput.py
+--json``; the suite's coverage (what was run and what was not) and the issue's targets, each met,
+missed or not measured yet.
+
+Only finished runs (CSV and done marker) count. The inputs are copied to
+``docs/benchmarks/data/`` (``--keep-data``), so the committed report can be rebuilt from the
+committed evidence:
+
+    python scripts/benchmark_report.py --results logs/benchmark
+    python scripts/benchmark_report.py --results docs/benchmarks/data --keep-data ""
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmark import ALGOS, SUITES
+
+STOCK = "ppo"
+CONFIDENCE = 0.95
+N_RESAMPLES = 10_000
+# Returns that mean "has learned the task" at the suite's budgets: Pendulum's usual "solved"
+# level, LunarLander's official one, and for the MuJoCo tasks a level PPO reaches within 300k
+# steps in published runs (CleanRL, rl-zoo3) — a speed marker, not a final score.
+THRESHOLDS = {
+    "Pendulum-v1": -200.0,
+    "LunarLanderContinuous-v3": 200.0,
+    "Hopper-v5": 1000.0,
+    "HalfCheetah-v5": 1000.0,
+}
+THROUGHPUT_TARGETS = {"PPOExt, squash off": 0.98, "PPOExt, squash on": 0.95}
+
+
+@dataclasses.dataclass
+class Run:
+    """One finished run: its evaluation rows and its done marker."""
+
+    env: str
+    algo: str
+    seed: int
+    timesteps: np.ndarray
+    returns: np.ndarray
+    marker: dict[str, Any]
+    csv_path: Path
+
+
+def load_runs(results: Path) -> dict[str, dict[str, list[Run]]]:
+    """Finished runs under ``results`` (``<env>/<algo>/seed<k>.csv`` with ``seed<k>.done.json``), by env and algo."""
+    runs: dict[str, dict[str, list[Run]]] = {}
+    for marker_path in sorted(results.glob("*/*/seed*.done.json")):
+        csv_path = marker_path.with_name(marker_path.name.replace(".done.json", ".csv"))
+        if not csv_path.is_file():
+            continue
+        marker = json.loads(marker_path.read_text())
+        with open(csv_path, newline="") as file:
+            rows = list(csv.DictReader(file))
+        run = Run(
+            env=marker["env"],
+            algo=marker["algo"],
+            seed=int(marker["seed"]),
+            timesteps=np.array([int(row["timesteps"]) for row in rows]),
+            returns=np.array([float(row["mean_return"]) for row in rows]),
+            marker=marker,
+            csv_path=csv_path,
+        )
+        runs.setdefault(run.env, {}).setdefault(run.algo, []).append(run)
+    order = [*ALGOS, *sorted({algo for by_algo in runs.values() for algo in by_algo} - set(ALGOS))]
+    return {
+        env: {algo: sorted(by_algo[algo], key=lambda run: run.seed) for algo in order if algo in by_algo}
+        for env, by_algo in runs.items()
+    }
+
+
+def iqm(values: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Interquartile mean: the mean of the middle 50 % (``trim_mean(x, 0.25)``, as rliable's IQM)."""
+    return stats.trim_mean(values, 0.25, axis=axis)
+
+
+def bootstrap_ci(values: np.ndarray, statistic=iqm, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile bootstrap CI of ``statistic`` over the seeds (min and max of the values if < 2 or all equal)."""
+    values = np.asarray(values, dtype=float)
+    if len(values) < 2 or np.all(values == values[0]):
+        return float(values.min()), float(values.max())
+    result = stats.bootstrap(
+        (values,),
+        statistic,
+        confidence_level=CONFIDENCE,
+        n_resamples=N_RESAMPLES,
+        method="percentile",
+        vectorized=True,
+        rng=np.random.default_rng(seed),
+    )
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def steps_to_threshold(run: Run, threshold: float) -> float:
+    """First evaluated timestep whose mean return is >= ``threshold`` (inf if never)."""
+    reached = np.nonzero(run.returns >= threshold)[0]
+    return float(run.timesteps[reached[0]]) if len(reached) else float("inf")
+
+
+@dataclasses.dataclass
+class Summary:
+    """Across-seed statistics of one algo on one env."""
+
+    algo: str
+    seeds: list[int]
+    final_steps: int
+    finals: np.ndarray
+    iqm: float
+    ci: tuple[float, float]
+    threshold_steps: list[float]
+    wall_s: float
+    fps: float
+
+    @property
+    def mean(self) -> float:
+        return float(self.finals.mean())
+
+    @property
+    def std(self) -> float:
+        return float(self.finals.std(ddof=1)) if len(self.finals) > 1 else 0.0
+
+    @property
+    def median_threshold_steps(self) -> float:
+        """Median of the per-seed first crossings (seeds that never cross count as infinite)."""
+        return float(np.median(self.threshold_steps)) if self.threshold_steps else float("nan")
+
+
+def summarize(algo: str, runs: list[Run], threshold: float | None) -> Summary:
+    finals = np.array([run.returns[-1] for run in runs])
+    return Summary(
+        algo=algo,
+        seeds=[run.seed for run in runs],
+        final_steps=int(min(run.timesteps[-1] for run in runs)),
+        finals=finals,
+        iqm=float(iqm(finals)),
+        ci=bootstrap_ci(finals),
+        threshold_steps=[steps_to_threshold(run, threshold) for run in runs] if threshold is not None else [],
+        wall_s=float(np.mean([run.marker["total_wall_time_s"] for run in runs])),
+        fps=float(np.mean([run.marker["env_steps_per_s"] for run in runs])),
+    )
+
+
+def curve_band(runs: list[Run]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Timesteps, mean return across seeds and its 95 % bootstrap band, over the evaluations all seeds share."""
+    length = min(len(run.returns) for run in runs)
+    timesteps = np.median([run.timesteps[:length] for run in runs], axis=0)
+    returns = np.array([run.returns[:length] for run in runs])  # seeds x evaluations
+    mean = returns.mean(axis=0)
+    if len(runs) < 2:
+        return timesteps, mean, mean, mean
+    result = stats.bootstrap(
+        (returns,),
+        np.mean,
+        axis=0,
+        confidence_level=CONFIDENCE,
+        n_resamples=N_RESAMPLES,
+        method="percentile",
+        vectorized=True,
+        rng=np.random.default_rng(0),
+    )
+    low = np.where(np.isnan(result.confidence_interval.low), mean, result.confidence_interval.low)
+    high = np.where(np.isnan(result.confidence_interval.high), mean, result.confidence_interval.high)
+    return timesteps, mean, low, high
+
+
+def plot_env(env: str, by_algo: dict[str, list[Run]], path: Path, threshold: float | None) -> None:
+    """PNG of the learning curves of every algo on ``env``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.2), dpi=110)
+    for algo, runs in by_algo.items():
+        timesteps, mean, low, high = curve_band(runs)
+        (line,) = axes.plot(timesteps, mean, label=f"{algo} ({len(runs)} seeds)")
+        axes.fill_between(timesteps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+    if threshold is not None:
+        axes.axhline(threshold, color="grey", linestyle="--", linewidth=1, label=f"threshold {threshold:g}")
+    axes.set_title(f"{env}: deterministic evaluation return (mean, 95 % bootstrap CI across seeds)", fontsize=9)
+    axes.set_xlabel("env steps")
+    axes.set_ylabel("mean return")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    plt.close(figure)
+
+
+# --- markdown -----------------------------------------------------------------------------------
+
+
+def _steps(value: float) -> str:
+    return "never" if value == float("inf") else f"{value / 1000:.0f}k"
+
+
+def env_table(env: str, summaries: list[Summary], threshold: float | None) -> list[str]:
+    lines = [
+        "| algorithm | seeds | final steps | final return mean ± std | IQM | IQM 95 % CI | "
+        f"steps to {threshold:g} (median; per seed) | wall-clock per run | env-steps/s |"
+        if threshold is not None
+        else "| algorithm | seeds | final steps | final return mean ± std | IQM | IQM 95 % CI | steps to threshold | "
+        "wall-clock per run | env-steps/s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summaries:
+        if threshold is not None:
+            reached = sum(step != float("inf") for step in s.threshold_steps)
+            per_seed = ", ".join(_steps(step) for step in s.threshold_steps)
+            crossing = f"{_steps(s.median_threshold_steps)} ({reached}/{len(s.seeds)} seeds: {per_seed})"
+        else:
+            crossing = "no threshold set"
+        lines.append(
+            f"| `{s.algo}` | {len(s.seeds)} | {s.final_steps} | {s.mean:.1f} ± {s.std:.1f} | {s.iqm:.1f} | "
+            f"[{s.ci[0]:.1f}, {s.ci[1]:.1f}] | {crossing} | {s.wall_s:.0f} s | {s.fps:.0f} |"
+        )
+    return lines
+
+
+def throughput_section(throughput: dict[str, Any] | None) -> tuple[list[str], dict[str, float]]:
+    """Markdown lines for the throughput table, and the ratio of medians of each variant."""
+    if throughput is None:
+        return ["Not measured for this report (`scripts/throughput.py --json` output not given)."], {}
+    variants = throughput["variants"]
+    lines = [
+        f"`python scripts/throughput.py --env {throughput['env']} --steps {throughput['steps']} --repeats "
+        f"{throughput['repeats']} --n-envs {throughput['n_envs']} --json ...`, measured {throughput['measured_at']} on "
+        f"{throughput['machine']['cpu_count']} CPU cores, one torch thread, the variants interleaved (order reversed every "
+        f"other repeat); identical hyperparameters for all: `{throughput['hyperparams']}`. PPOExt logs all its "
+        "diagnostics in every variant (they are always on).",
+        "",
+        "| variant | settings | median env-steps/s | PPOExt ÷ PPO (medians) | best env-steps/s | PPOExt ÷ PPO (bests) |",
+        "|---|---|---|---|---|---|",
+    ]
+    ratios = {}
+    for name, entry in variants.items():
+        ratios[name] = entry["ratio_of_medians"]
+        lines.append(
+            f"| {name} | `{entry['kwargs']}` | {entry['median']:.0f} | {entry['ratio_of_medians']:.3f} | {entry['best']:.0f} "
+            f"| {entry['ratio_of_bests']:.3f} |"
+        )
+    return lines, {**ratios, **{f"{name} (best)": entry["ratio_of_bests"] for name, entry in variants.items()}}
+
+
+def targets_section(suite: str, summaries: dict[str, list[Summary]], ratios: dict[str, float]) -> list[str]:
+    """The issue's targets, each met / missed / not measured yet, with the margin."""
+    suite_envs = [budget.env for budget in SUITES[suite]]
+    lines = ["| target | env / variant | status | measured |", "|---|---|---|---|"]
+    above = []
+    for env in suite_envs:
+        by_algo = {s.algo: s for s in summaries.get(env, [])}
+        ext = [s for algo, s in by_algo.items() if algo != STOCK]
+        if STOCK not in by_algo or not ext:
+            lines.append(f"| best PPOExt variant IQM ≥ stock PPO IQM | {env} | not measured yet | — |")
+            continue
+        stock, best = by_algo[STOCK], max(ext, key=lambda s: s.iqm)
+        diff = best.iqm - stock.iqm
+        status = "met" if diff >= 0 else "**missed**"
+        lines.append(
+            f"| best PPOExt variant IQM ≥ stock PPO IQM | {env} (`{best.algo}`) | {status} | "
+            f"{best.iqm:.1f} vs {stock.iqm:.1f} ({diff:+.1f}) |"
+        )
+        # Intervals over a single seed are no intervals: at least 2 seeds on each side.
+        if min(len(best.seeds), len(stock.seeds)) >= 2 and best.ci[0] > stock.ci[1]:
+            above.append(env)
+    measured = [env for env in suite_envs if env in summaries]
+    if len(above) >= 2:
+        status = "met"
+    elif len(measured) < len(suite_envs):
+        status = f"not measured yet ({len(measured)} of {len(suite_envs)} envs run)"
+    else:
+        status = "**missed**"
+    lines.append(
+        f"| clearly above (non-overlapping 95 % CIs) on ≥ 2 envs | {', '.join(measured) or '—'} | {status} | "
+        f"{len(above)} env(s){': ' + ', '.join(above) if above else ''} |"
+    )
+    for name, target in THROUGHPUT_TARGETS.items():
+        if name not in ratios:
+            lines.append(f"| throughput ratio ≥ {target} | {name} | not measured yet | — |")
+            continue
+        ratio, best_ratio = ratios[name], ratios.get(f"{name} (best)", float("nan"))
+        status = "met" if ratio >= target else "**missed**"
+        lines.append(
+            f"| throughput ratio ≥ {target} | {name} (all diagnostics on) | {status} | "
+            f"{ratio:.3f} (ratio of medians, {ratio - target:+.3f}); best runs {best_ratio:.3f} |"
+        )
+    return lines
+
+
+def coverage_section(suite: str, runs: dict[str, dict[str, list[Run]]]) -> list[str]:
+    lines = ["| env | required by the issue | run for this report | status |", "|---|---|---|---|"]
+    for budget in SUITES[suite]:
+        by_algo = runs.get(budget.env, {})
+        if not by_algo:
+            lines.append(f"| {budget.env} | {budget.steps // 1000}k steps x {budget.seeds} seeds | — | **not run** |")
+            continue
+        done = ", ".join(f"`{algo}` {len(algo_runs)}" for algo, algo_runs in by_algo.items())
+        steps = min(run.marker["budget"]["steps"] for algo_runs in by_algo.values() for run in algo_runs)
+        complete = steps >= budget.steps and all(len(by_algo.get(algo, [])) >= budget.seeds for algo in ALGOS)
+        status = "complete" if complete else "**partial**"
+        lines.append(
+            f"| {budget.env} | {budget.steps // 1000}k steps x {budget.seeds} seeds | {steps // 1000}k steps; seeds per "
+            f"algorithm: {done} | {status} |"
+        )
+    return lines
+
+
+def setup_section(runs: dict[str, dict[str, list[Run]]]) -> list[str]:
+    lines = [
+        "| env | algorithm | description | hyperparameters from | overrides | n_envs | normalize |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for env, by_algo in runs.items():
+        for algo, algo_runs in by_algo.items():
+            marker = algo_runs[0].marker
+            overrides = ", ".join(f"{k}: {v}" for k, v in marker["overrides"].items()) or "—"
+            lines.append(
+                f"| {env} | `{algo}` | {marker['description']} | `{marker['hyperparams_source']}` | {overrides} | "
+                f"{marker['n_envs']} | {marker['normalize']} |"
+            )
+    return lines
+
+
+def build_report(
+    runs: dict[str, dict[str, list[Run]]],
+    out_md: Path,
+    figures: Path,
+    suite: str = "issue",
+    throughput: dict[str, Any] | None = None,
+    gpu_note: str = "",
+    notes: str = "",
+) -> dict[str, list[Summary]]:
+    """Write the markdown report and the PNGs; return the summaries by env."""
+    summaries: dict[str, list[Summary]] = {}
+    any_marker = next((run.marker for by_algo in runs.values() for algo_runs in by_algo.values() for run in algo_runs), None)
+    lines = [
+        "# Benchmarks: PPOExt against stock SB3 PPO",
+        "",
+        "<!-- Generated by scripts/benchmark_report.py from the CSVs of scripts/benchmark.py: do not edit by hand. -->",
+        "",
+        "Every algorithm is trained through rl-zoo3's `ExperimentManager` with the same seeds and the same env-step "
+        "budget, and evaluated deterministically on a separate env (VecNormalize statistics synced when `normalize` is "
+        "on) at step 0, every `eval_freq` steps and after the last update. **Final return** is that last evaluation "
+        "(SB3 finishes the last rollout, so the final step count can exceed the budget by up to one rollout; it is the "
+        "same for all algorithms with the same `n_steps x n_envs`). Across seeds: mean ± std (ddof 1), **IQM** = "
+        "`scipy.stats.trim_mean(x, 0.25)` (rliable's interquartile mean; with 3 seeds it trims nothing and equals the "
+        "mean, with 5 it is the mean of the middle 3), **95 % CI** = percentile bootstrap of the IQM over seeds "
+        f"(`scipy.stats.bootstrap`, {N_RESAMPLES} resamples). **Steps to threshold**: per seed, the first evaluation "
+        "at or above the threshold; the median over seeds, with seeds that never reach it counted as infinite "
+        '("never" when half or more never do). **Wall-clock** is per run (setup, training, evaluations); '
+        "**env-steps/s** counts training time only (evaluations excluded). Thresholds: "
+        + ", ".join(f"{env} {value:g}" for env, value in THRESHOLDS.items())
+        + ".",
+        "",
+    ]
+    if any_marker is not None:
+        versions = ", ".join(f"{k} {v}" for k, v in any_marker["versions"].items())
+        lines += [
+            f"Machine: {any_marker['cpu_count']} CPU cores shared with other work, one torch thread per run, no GPU; "
+            f"{versions}. Evaluation: {any_marker['budget']['eval_episodes']} episodes.",
+            "",
+        ]
+    lines += ["## What was run", "", *coverage_section(suite, runs), ""]
+    for env, by_algo in runs.items():
+        threshold = THRESHOLDS.get(env)
+        ordered = by_algo
+        env_summaries = [summarize(algo, algo_runs, threshold) for algo, algo_runs in ordered.items()]
+        summaries[env] = env_summaries
+        figure = figures / f"{env}.png"
+        plot_env(env, ordered, figure, threshold)
+        budget = ordered[next(iter(ordered))][0].marker["budget"]
+        lines += [
+            f"## {env}",
+            "",
+            f"Budget {budget['steps']} env steps, evaluation every {budget['eval_freq']} steps.",
+            "",
+            *env_table(env, env_summaries, threshold),
+            "",
+            f"![{env} learning curves]({figure.relative_to(out_md.parent).as_posix()})",
+            "",
+        ]
+    throughput_lines, ratios = throughput_section(throughput)
+    lines += ["## Throughput: PPOExt ÷ stock PPO under identical hyperparameters", "", *throughput_lines, ""]
+    lines += ["## Targets", "", *targets_section(suite, summaries, ratios), ""]
+    lines += ["## GPU check", "", gpu_note or "Not run: no CUDA machine was available when this report was built.", ""]
+    if notes:
+        lines += ["## Findings", "", notes.strip(), ""]
+    lines += ["## Settings of each run", "", *setup_section(runs), ""]
+    lines += [
+        "## Reproduce",
+        "",
+        "```bash",
+        'pip install -e ".[bench]"',
+        "python scripts/benchmark.py --suite issue --workers $(nproc)   # resumable: finished runs are skipped",
+        "python scripts/throughput.py --steps 8192 --repeats 7 --json docs/benchmarks/throughput.json",
+        "python scripts/benchmark_report.py --results logs/benchmark --throughput docs/benchmarks/throughput.json",
+        "```",
+        "",
+    ]
+    out_md.parent.mkdir(parents=True, exist_ok=True)
+    out_md.write_text("\n".join(lines))
+    return summaries
+
+
+def keep_data(runs: dict[str, dict[str, list[Run]]], folder: Path) -> None:
+    """Copy each run's CSV and done marker to ``folder/<env>/<algo>/`` (the report's committed evidence)."""
+    for by_algo in runs.values():
+        for algo_runs in by_algo.values():
+            for run in algo_runs:
+                target = folder / run.env / run.algo
+                target.mkdir(parents=True, exist_ok=True)
+                marker = run.csv_path.with_name(run.csv_path.name.replace(".csv", ".done.json"))
+                for source in (run.csv_path, marker):
+                    if source.resolve() != (target / source.name).resolve():
+                        shutil.copyfile(source, target / source.name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", default="logs/benchmark", help="folder of scripts/benchmark.py results")
+    parser.add_argument("--out", default="docs/BENCHMARKS.md")
+    parser.add_argument("--figures", default="docs/benchmarks", help="folder for the PNGs")
+    parser.add_argument("--keep-data", default="docs/benchmarks/data", help="copy the inputs here ('' to skip)")
+    parser.add_argument("--throughput", help="JSON written by scripts/throughput.py --json")
+    parser.add_argument("--suite", choices=sorted(SUITES), default="issue", help="the suite the coverage and targets refer to")
+    parser.add_argument("--gpu-note", default="", help="what the GPU check found (default: not run, no CUDA machine)")
+    parser.add_argument("--notes", help="markdown file with findings, included as they are")
+    args = parser.parse_args(argv)
+    runs = load_runs(Path(args.results))
+    if not runs:
+        print(f"no finished runs under {args.results}", file=sys.stderr)
+        return 1
+    throughput = json.loads(Path(args.throughput).read_text()) if args.throughput else None
+    notes = Path(args.notes).read_text() if args.notes else ""
+    if args.keep_data:
+        keep_data(runs, Path(args.keep_data))
+    summaries = build_report(runs, Path(args.out), Path(args.figures), args.suite, throughput, args.gpu_note, notes)
+    for env, env_summaries in summaries.items():
+        for s in env_summaries:
+            print(f"{env} {s.algo}: IQM {s.iqm:.1f} [{s.ci[0]:.1f}, {s.ci[1]:.1f}] over {len(s.seeds)} seeds")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
