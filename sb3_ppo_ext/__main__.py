@@ -15,21 +15,28 @@ from typing import Any
 import torch as th
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
-from stable_baselines3.common.utils import LinearSchedule
 from stable_baselines3.common.vec_env import VecNormalize
 
 from sb3_ppo_ext import PPOExt
 from sb3_ppo_ext.hyperparams import load_hyperparams
+from sb3_ppo_ext.samplers import to_ppo_ext_kwargs
 
 
-def _schedules(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """rl-zoo3's ``lin_<x>`` strings as linear schedules from x to 0."""
-    out = {}
-    for key, value in kwargs.items():
-        if isinstance(value, str) and value.startswith("lin_"):
-            value = LinearSchedule(float(value[4:]), 0.0, 1.0)
-        out[key] = value
-    return out
+def split_settings(entry: dict[str, Any]) -> dict[str, Any]:
+    """
+    A yml entry split into what builds the envs and the PPOExt keyword arguments.
+
+    :param entry: settings of one env in rl-zoo3's format
+    :return: ``n_envs``, ``n_timesteps``, ``normalize``, ``policy`` and ``model_kwargs``
+    """
+    entry = dict(entry)
+    return dict(
+        n_envs=int(entry.pop("n_envs", 1)),
+        n_timesteps=int(entry.pop("n_timesteps", 100_000)),
+        normalize=entry.pop("normalize", False),
+        policy=entry.pop("policy", "MlpPolicy"),
+        model_kwargs=to_ppo_ext_kwargs(entry),
+    )
 
 
 def main(argv: list[str] | None = None) -> float:
@@ -42,13 +49,11 @@ def main(argv: list[str] | None = None) -> float:
     args = parser.parse_args(argv)
 
     th.set_num_threads(1)
-    hyperparams = load_hyperparams(args.env)
-    n_envs = int(hyperparams.pop("n_envs", 1))
-    n_timesteps = int(args.timesteps or hyperparams.pop("n_timesteps", 100_000))
-    hyperparams.pop("n_timesteps", None)
-    normalize = hyperparams.pop("normalize", False)
+    settings = split_settings(load_hyperparams(args.env))
+    n_timesteps = int(args.timesteps or settings["n_timesteps"])
+    normalize = settings["normalize"]
     normalize_kwargs = normalize if isinstance(normalize, dict) else {}
-    policy = hyperparams.pop("policy", "MlpPolicy")
+    n_envs, policy, hyperparams = settings["n_envs"], settings["policy"], settings["model_kwargs"]
 
     env = make_vec_env(args.env, n_envs=n_envs, seed=args.seed)
     eval_env = make_vec_env(args.env, n_envs=1, seed=args.seed + 10_000)
@@ -56,7 +61,7 @@ def main(argv: list[str] | None = None) -> float:
         env = VecNormalize(env, **normalize_kwargs)
         eval_env = VecNormalize(eval_env, training=False, norm_reward=False, **normalize_kwargs)
 
-    model = PPOExt(policy, env, seed=args.seed, device=args.device, **_schedules(hyperparams))
+    model = PPOExt(policy, env, seed=args.seed, device=args.device, **hyperparams)
     start = time.time()
     model.learn(total_timesteps=n_timesteps)
     elapsed = time.time() - start

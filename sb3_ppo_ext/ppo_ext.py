@@ -308,6 +308,19 @@ class PPOExt(PPO):
         # PPO._setup_model wraps ``clip_range`` in a FloatSchedule unconditionally, which rejects
         # ``None`` (clipping off): run the on-policy setup it builds on and convert here instead.
         super(PPO, self)._setup_model()
+        # Checked again here because ``load(path, **kwargs)`` overrides attributes without __init__.
+        self._check_arguments(
+            clip_range=self.clip_range,
+            clip_range_vf=self.clip_range_vf,
+            vf_clip_mode=self.vf_clip_mode,
+            kl_coef=self.kl_coef,
+            kl_target=self.kl_target,
+            kl_adapt_factor=self.kl_adapt_factor,
+            kl_adapt_tolerance=self.kl_adapt_tolerance,
+            kl_coef_bounds=self.kl_coef_bounds,
+            max_grad_norm=self.max_grad_norm,
+            target_kl=self.target_kl,
+        )
         if self.clip_range is not None:
             self.clip_range = FloatSchedule(self.clip_range)
         if self.clip_range_vf is not None:

@@ -407,3 +407,31 @@ def test_gsde_with_squashing():
     model.set_logger(configure(None, []))
     model.learn(64)
     assert np.isfinite(model.logger.name_to_value["train/kl"])
+
+
+def test_load_keyword_overrides_are_validated(tmp_path):
+    PPOExt("MlpPolicy", "Pendulum-v1", **TINY).save(tmp_path / "m")
+    with pytest.raises(ValueError, match="vf_clip_mode='bogus'"):
+        PPOExt.load(tmp_path / "m", vf_clip_mode="bogus")
+    with pytest.raises(ValueError, match=r"kl_target=0\.01 needs kl_coef > 0"):
+        PPOExt.load(tmp_path / "m", kl_target=0.01)
+    loaded = PPOExt.load(tmp_path / "m", kl_coef=1.0, kl_target=0.01)
+    assert loaded.uses_kl_penalty and loaded.kl_target == 0.01
+
+
+def test_every_shipped_yml_entry_builds_a_model_through_the_quickstart_entry():
+    import yaml
+
+    from sb3_ppo_ext.__main__ import split_settings
+    from sb3_ppo_ext.hyperparams import PPO_EXT_YML
+
+    entries = yaml.safe_load(PPO_EXT_YML.read_text())
+    for env_id, entry in entries.items():
+        settings = split_settings(entry)
+        env = (
+            "Pendulum-v1"
+            if entry.get("use_sde") or env_id not in ("CartPole-v1", "LunarLander-v3", "Acrobot-v1")
+            else "CartPole-v1"
+        )
+        model = PPOExt(settings["policy"], env, **settings["model_kwargs"])
+        assert model.n_steps == entry.get("n_steps", 2048), env_id
