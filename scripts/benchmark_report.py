@@ -188,18 +188,26 @@ def plot_env(env: str, by_algo: dict[str, list[Run]], path: Path, threshold: flo
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(7, 4.2), dpi=110)
+    # Left: the whole run; right: the second half, where the final returns are decided.
+    figure, (whole, late) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=100)
     for algo, runs in by_algo.items():
         timesteps, mean, low, high = curve_band(runs)
-        (line,) = axes.plot(timesteps, mean, label=f"{algo} ({len(runs)} seeds)")
-        axes.fill_between(timesteps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
-    if threshold is not None:
-        axes.axhline(threshold, color="grey", linestyle="--", linewidth=1, label=f"threshold {threshold:g}")
-    axes.set_title(f"{env}: deterministic evaluation return (mean, 95 % bootstrap CI across seeds)", fontsize=9)
-    axes.set_xlabel("env steps")
-    axes.set_ylabel("mean return")
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize=8)
+        (line,) = whole.plot(timesteps, mean, label=f"{algo} ({len(runs)} seeds)")
+        whole.fill_between(timesteps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+        second_half = timesteps >= timesteps[-1] / 2
+        late.plot(timesteps[second_half], mean[second_half], color=line.get_color(), marker="o", markersize=3)
+        late.fill_between(
+            timesteps[second_half], low[second_half], high[second_half], color=line.get_color(), alpha=0.2, linewidth=0
+        )
+    for axes in (whole, late):
+        if threshold is not None:
+            axes.axhline(threshold, color="grey", linestyle="--", linewidth=1, label=f"threshold {threshold:g}")
+        axes.set_xlabel("env steps")
+        axes.grid(alpha=0.3)
+    whole.set_ylabel("mean return")
+    whole.set_title(f"{env}: deterministic evaluation return", fontsize=9)
+    late.set_title("second half of training (mean, 95 % bootstrap CI across seeds)", fontsize=9)
+    whole.legend(fontsize=8)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path)
