@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import math
-from collections.abc import Iterator
+import os
+import pathlib
+from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -33,6 +36,7 @@ from sb3_ppo_ext.distributions import (
     torch_distributions,
 )
 from sb3_ppo_ext.policies import CnnPolicy, MlpPolicy, MultiInputPolicy, PPOExtActorCriticPolicy
+from sb3_ppo_ext.reliability import ModelFileError, atomic_path, check_model_file, zip_path
 
 SelfPPOExt = TypeVar("SelfPPOExt", bound="PPOExt")
 
@@ -591,6 +595,61 @@ class PPOExt(PPO):
             reset_num_timesteps=reset_num_timesteps,
             progress_bar=progress_bar,
         )
+
+    def save(
+        self,
+        path: str | pathlib.Path | io.BufferedIOBase,
+        exclude: Iterable[str] | None = None,
+        include: Iterable[str] | None = None,
+    ) -> None:
+        """
+        SB3's ``save``, atomic for a path: the zip is written to a temporary file in the same folder
+        and renamed over ``path`` once complete, so an interrupted save leaves the previous file intact.
+
+        :param path: file (``.zip`` appended when the name has no suffix, as in SB3) or binary file object
+        :param exclude: names of parameters to exclude in addition to the default ones
+        :param include: names of parameters to include even if excluded by default
+        """
+        if not isinstance(path, (str, os.PathLike)):
+            super().save(path, exclude=exclude, include=include)
+            return
+        with atomic_path(zip_path(path)) as file:
+            super().save(file, exclude=exclude, include=include)  # type: ignore[arg-type]
+
+    @classmethod
+    def load(  # type: ignore[override]
+        cls: type[SelfPPOExt],
+        path: str | pathlib.Path | io.BufferedIOBase,
+        env: GymEnv | None = None,
+        device: th.device | str = "auto",
+        custom_objects: dict[str, Any] | None = None,
+        print_system_info: bool = False,
+        force_reset: bool = True,
+        **kwargs: Any,
+    ) -> SelfPPOExt:
+        """
+        SB3's ``load``, with a :class:`sb3_ppo_ext.reliability.ModelFileError` naming the file and the
+        problem for a missing, truncated, corrupt or foreign file (checked before anything is unpickled)
+        and for an ``env`` whose spaces differ from the saved ones. Files saved by stock ``PPO`` load
+        (stock policy, PPOExt's extras at their defaults). The file's pickled objects are trusted:
+        load only files you trust.
+        """
+        if isinstance(path, (str, os.PathLike)):
+            path = check_model_file(path, cls.__name__)
+        try:
+            return super().load(  # type: ignore[return-value]
+                path,
+                env=env,
+                device=device,
+                custom_objects=custom_objects,
+                print_system_info=print_system_info,
+                force_reset=force_reset,
+                **kwargs,
+            )
+        except ValueError as error:
+            if not str(error).startswith(("Observation spaces do not match", "Action spaces do not match")):
+                raise
+            raise ModelFileError(f"{cls.__name__}.load: {path} does not fit the given env: {error}") from error
 
 
 __all__ = ["NonFiniteLossError", "PPOExt"]

@@ -61,7 +61,10 @@ def check_hyperparams(hyperparams: dict[str, Any], source: str) -> dict[str, Any
     :return: the settings, with ``policy_kwargs["activation_fn"]`` a torch class (a new dict if changed)
     :raises ZooConfigError: naming each unknown parameter, close matches and the accepted names
     """
+    from sb3_ppo_ext.hyperparams import type_problem
+
     allowed = ppo_ext_parameters()
+    defaults = {name: p.default for name, p in inspect.signature(PPOExt.__init__).parameters.items()}
     problems = []
     for key in sorted(hyperparams):
         if key in ZOO_RESERVED_KWARGS:
@@ -70,6 +73,8 @@ def check_hyperparams(hyperparams: dict[str, Any], source: str) -> dict[str, Any
             close = difflib.get_close_matches(key, allowed, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             problems.append(f"unknown PPOExt parameter '{key}'{hint}")
+        elif problem := type_problem(key, hyperparams[key], defaults[key]):
+            problems.append(problem)
     if problems:
         raise ZooConfigError(
             f"invalid ppo_ext hyperparameters from {source}: {'; '.join(problems)}. PPOExt accepts: {', '.join(allowed)}"

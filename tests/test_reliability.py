@@ -1,0 +1,390 @@
+"""Fault tolerance in one process: atomic saves, corrupt / foreign model files, bad hyperparameter files, hostile envs.
+
+The tests that kill real processes are in ``test_reliability_crash.py``.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch as th
+from gymnasium import spaces
+from stable_baselines3 import A2C, PPO, SAC
+from stable_baselines3.common import save_util
+from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+from sb3_ppo_ext import NonFiniteLossError, PPOExt
+from sb3_ppo_ext.hyperparams import HyperparamsError, load_hyperparams
+from sb3_ppo_ext.reliability import (
+    AtomicCheckpointCallback,
+    ModelFileError,
+    check_model_file,
+    latest_checkpoint,
+    list_checkpoints,
+    resume,
+)
+from sb3_ppo_ext.zoo import ZooConfigError, check_hyperparams
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TINY = dict(n_steps=32, batch_size=32, n_epochs=1, policy_kwargs=dict(net_arch=[8]), device="cpu", seed=0)
+
+th.set_num_threads(1)
+
+
+def _model(env_id: str = "Pendulum-v1", **kwargs) -> PPOExt:
+    return PPOExt("MlpPolicy", DummyVecEnv([lambda: gym.make(env_id)]), **{**TINY, **kwargs})
+
+
+def _params(model) -> list[np.ndarray]:
+    return [p.detach().cpu().numpy().copy() for p in model.policy.parameters()]
+
+
+def _same_params(a, b) -> bool:
+    return all(np.array_equal(x, y) for x, y in zip(_params(a), _params(b), strict=True))
+
+
+# --- atomic saves ------------------------------------------------------------------------------
+
+
+def test_interrupted_save_keeps_previous_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """An exception in the middle of writing the zip (after some members) leaves the old file loadable and no temp file."""
+    model = _model()
+    path = tmp_path / "model.zip"
+    model.save(path)
+    good = path.read_bytes()
+    model.learn(32)  # different weights from here on
+
+    original = save_util.th.save
+    calls = []
+
+    def failing_save(obj, file, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # pytorch_variables already written, policy.pth half-written
+            file.write(b"partial")
+            raise OSError("disk full (simulated)")
+        return original(obj, file, *args, **kwargs)
+
+    monkeypatch.setattr(save_util.th, "save", failing_save)
+    with pytest.raises(OSError, match="disk full"):
+        model.save(path)
+    monkeypatch.undo()
+    assert path.read_bytes() == good
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.zip"]
+    PPOExt.load(path, device="cpu").predict(np.zeros(3, dtype=np.float32))
+
+
+def test_save_appends_zip_and_accepts_file_objects(tmp_path: Path):
+    model = _model()
+    model.save(str(tmp_path / "a"))
+    with open(tmp_path / "b.zip", "wb") as file:
+        model.save(file)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.zip", "b.zip"]
+    for name in ("a", "b.zip"):
+        assert _same_params(PPOExt.load(tmp_path / name, device="cpu"), model)
+
+
+class RecordingCheckpoints(AtomicCheckpointCallback):
+    """Records, at each checkpoint, what a resume must restore."""
+
+    def save_checkpoint(self):
+        path = super().save_checkpoint()
+        vec_normalize = self.model.get_vec_normalize_env()
+        self.saved = dict(
+            timesteps=self.model.num_timesteps,
+            kl_coef=self.model.current_kl_coef,
+            learning_rate=self.model.learning_rate,
+            obs_mean=vec_normalize.obs_rms.mean.copy(),
+            params=_params(self.model),
+        )
+        return path
+
+
+def test_atomic_checkpoints_with_vecnormalize_resume(tmp_path: Path):
+    """Checkpoints (statistics before model), keep_last, then resume(): steps, beta, LR, VecNormalize, weights."""
+    from sb3_ppo_ext.callbacks import KLAdaptiveLR
+
+    env = VecNormalize(DummyVecEnv([lambda: gym.make("Pendulum-v1")]))
+    model = PPOExt("MlpPolicy", env, kl_coef=1.0, kl_target=1e-6, learning_rate=3e-4, **TINY)
+    callback = RecordingCheckpoints(save_freq=32, save_path=str(tmp_path), keep_last=2)
+    model.learn(96, callback=[KLAdaptiveLR(target_kl=1e-6), callback])
+    checkpoints = list_checkpoints(tmp_path)
+    assert [c.timesteps for c in checkpoints] == [64, 96]
+    assert all(c.vec_normalize_path is not None for c in checkpoints)
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+    saved = callback.saved
+    assert saved["kl_coef"] != 1.0 and saved["learning_rate"] != 3e-4  # both adapted before the last checkpoint
+
+    loaded = resume(PPOExt, tmp_path, DummyVecEnv([lambda: gym.make("Pendulum-v1")]), device="cpu")
+    assert loaded.num_timesteps == saved["timesteps"] == 96
+    assert loaded.current_kl_coef == saved["kl_coef"] and loaded.learning_rate == saved["learning_rate"]
+    assert all(np.array_equal(x, y) for x, y in zip(_params(loaded), saved["params"], strict=True))
+    stats = loaded.get_vec_normalize_env()
+    assert stats is not None and np.array_equal(stats.obs_rms.mean, saved["obs_mean"])
+    loaded.learn(32, reset_num_timesteps=False)
+    assert loaded.num_timesteps == 128
+
+
+def test_resume_without_checkpoint_is_clear(tmp_path: Path):
+    assert latest_checkpoint(tmp_path / "missing") is None
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint rl_model_<steps>_steps\.zip"):
+        resume(PPOExt, tmp_path, DummyVecEnv([lambda: gym.make("Pendulum-v1")]))
+
+
+def test_keep_last_is_checked():
+    with pytest.raises(ValueError, match="keep_last=0"):
+        AtomicCheckpointCallback(1, "x", keep_last=0)
+
+
+# --- corrupt and foreign model files -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "model.zip"
+    _model().save(path)
+    return path
+
+
+def _corrupt(source: Path, target: Path, how: str) -> Path:
+    data = source.read_bytes()
+    if how == "truncated":
+        target.write_bytes(data[: len(data) // 2])
+    elif how == "empty":
+        target.write_bytes(b"")
+    elif how == "not_a_zip":
+        target.write_text("this is a text file, not a model\n")
+    elif how == "flipped_byte":
+        with zipfile.ZipFile(source) as archive:
+            info = archive.getinfo("policy.pth")
+        offset = info.header_offset + 30 + len(info.filename) + len(info.extra) + info.compress_size // 2
+        target.write_bytes(data[:offset] + bytes([data[offset] ^ 0xFF]) + data[offset + 1 :])
+    elif how == "not_a_model":
+        with zipfile.ZipFile(target, "w") as archive:
+            archive.writestr("readme.txt", "hello")
+    elif how == "bad_data_json":
+        with zipfile.ZipFile(source) as archive, zipfile.ZipFile(target, "w") as out:
+            for name in archive.namelist():
+                out.writestr(name, b"{not json" if name == "data" else archive.read(name))
+    return target
+
+
+@pytest.mark.parametrize(
+    "how, message",
+    [
+        ("truncated", "is not a valid zip archive"),
+        ("empty", r"is empty \(0 bytes\)"),
+        ("not_a_zip", "is not a valid zip archive"),
+        ("flipped_byte", "is corrupt: member 'policy.pth' fails its CRC check"),
+        ("not_a_model", "is a zip archive but not a Stable-Baselines3 model"),
+        ("bad_data_json", "has a corrupt 'data' member"),
+    ],
+)
+def test_corrupt_model_file_is_a_clear_error(saved_model: Path, tmp_path: Path, how: str, message: str):
+    broken = _corrupt(saved_model, tmp_path / f"{how}.zip", how)
+    with pytest.raises(ModelFileError, match=rf"PPOExt\.load: .*{re.escape(str(broken))}.* {message}"):
+        PPOExt.load(broken, device="cpu")
+
+
+def test_missing_model_file_names_both_paths(tmp_path: Path):
+    with pytest.raises(ModelFileError, match=r"nowhere does not exist \(nor .*nowhere\.zip\)"):
+        PPOExt.load(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize(
+    "algorithm, saved_by",
+    [(A2C, "another on-policy algorithm"), (SAC, "SAC")],
+)
+def test_model_of_another_algorithm_is_a_clear_error(tmp_path: Path, algorithm, saved_by: str):
+    extra = {"buffer_size": 64} if algorithm is SAC else {}
+    path = tmp_path / "other.zip"
+    algorithm("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(net_arch=[8]), device="cpu", **extra).save(path)
+    with pytest.raises(ModelFileError, match=rf"{re.escape(str(path))} was saved by {saved_by}.*not PPO/PPOExt"):
+        PPOExt.load(path, device="cpu")
+
+
+def test_stock_ppo_file_loads_into_ppo_ext(tmp_path: Path):
+    """Decision: a stock PPO file loads (its stock policy, PPOExt's extras at their defaults) and trains on."""
+    stock = PPO("MlpPolicy", "Pendulum-v1", n_steps=32, batch_size=32, policy_kwargs=dict(net_arch=[8]), device="cpu")
+    stock.save(tmp_path / "stock.zip")
+    model = PPOExt.load(tmp_path / "stock.zip", env=DummyVecEnv([lambda: gym.make("Pendulum-v1")]), device="cpu")
+    assert type(model.policy) is type(stock.policy) and model.kl_coef == 0.0 and model.vf_clip_mode == "clipped"
+    assert _same_params(model, stock)
+    model.learn(32)
+
+
+def test_check_model_file_accepts_good_file(saved_model: Path):
+    assert check_model_file(saved_model.with_suffix("")) == saved_model
+
+
+# --- observation / action spaces that change between save and load ------------------------------
+
+
+def test_observation_space_change_between_save_and_load(saved_model: Path):
+    """Pendulum (3 obs) saved; MountainCarContinuous (2 obs) given at load: a ModelFileError naming file and spaces."""
+    env = DummyVecEnv([lambda: gym.make("MountainCarContinuous-v0")])
+    with pytest.raises(ModelFileError, match=rf"{re.escape(str(saved_model))} does not fit the given env: Observation spaces"):
+        PPOExt.load(saved_model, env=env, device="cpu")
+    model = PPOExt.load(saved_model, device="cpu")
+    with pytest.raises(ValueError, match="Observation spaces do not match"):
+        model.set_env(env)
+
+
+# --- hyperparameter files ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("Pendulum-v1:\n  n_epochs: ten\n", r"'n_epochs: 'ten'' is a str \(a string: quote marks"),
+        ("Pendulum-v1:\n  n_steps: 64.5\n", "'n_steps: 64.5' is not a whole number"),
+        ("Pendulum-v1:\n  normalize_advantage: 1.0\n", "'normalize_advantage: 1.0' is a float, expected bool"),
+        ("Pendulum-v1:\n  n_envs: [1]\n", "'n_envs: \\[1\\]' is a list, expected int"),
+        ("Pendulum-v1:\n  kl_targt: 0.01\n", r"unknown key 'kl_targt' \(did you mean 'kl_target'\?\)"),
+        ("Pendulum-v1: [1, 2]\n", "expected a mapping of settings, got list"),
+        ("- a\n- b\n", "expected a mapping of env ids to settings, got list"),
+        ("Pendulum-v1:\n  n_steps: [1\n", "not a valid \\(safe\\) YAML file"),
+        ("Pendulum-v1:\n  policy: !!python/object/apply:os.system [echo pwned]\n", "not a valid \\(safe\\) YAML file"),
+    ],
+)
+def test_bad_hyperparameter_file_is_a_clear_error(tmp_path: Path, text: str, message: str):
+    path = tmp_path / "bad.yml"
+    path.write_text(text)
+    with pytest.raises(HyperparamsError, match=rf"{re.escape(str(path))}.*{message}"):
+        load_hyperparams("Pendulum-v1", path)
+
+
+def test_zoo_check_names_wrong_types():
+    with pytest.raises(ZooConfigError, match=r"from x.yml \(env E\): 'batch_size: '64'' is a str"):
+        check_hyperparams({"batch_size": "64", "learning_rate": lambda _: 1e-3}, "x.yml (env E)")
+    assert check_hyperparams({"learning_rate": "lin_0.001", "clip_range": None, "kl_coef_bounds": [0.1, 10]}, "x")
+
+
+def test_our_code_never_evaluates_configuration():
+    """No eval/exec and no unsafe YAML loader in the package or scripts (rl-zoo3's own eval of policy_kwargs strings aside)."""
+    offenders = []
+    pattern = re.compile(r"\b(eval|exec)\(|yaml\.(load|unsafe_load|full_load)\(|yaml\.(Unsafe|Full)?Loader\b|pickle\.loads?\(")
+    for file in [*(REPO_ROOT / "sb3_ppo_ext").rglob("*.py"), *(REPO_ROOT / "scripts").glob("*.py"), REPO_ROOT / "setup.py"]:
+        for number, line in enumerate(file.read_text().splitlines(), 1):
+            if pattern.search(line) and not line.lstrip().startswith("#"):
+                offenders.append(f"{file.relative_to(REPO_ROOT)}:{number}: {line.strip()}")
+    assert offenders == []
+
+
+# --- hostile environments ----------------------------------------------------------------------
+
+
+class HostileEnv(gym.Env):
+    """A Box env that turns hostile at step ``at``: NaN/inf observation or reward, or a changing observation shape."""
+
+    observation_space = spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def __init__(self, fault: str, at: int = 20):
+        self.fault, self.at, self.t = fault, at, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        obs, reward = self.np_random.uniform(-1, 1, 3).astype(np.float32), 0.0
+        if self.t >= self.at:
+            if self.fault in {"nan_obs", "inf_obs"}:
+                obs[0] = np.nan if self.fault == "nan_obs" else np.inf
+            elif self.fault in {"nan_reward", "inf_reward"}:
+                reward = float("nan") if self.fault == "nan_reward" else float("inf")
+            elif self.fault == "obs_shape":
+                obs = np.zeros(4, np.float32)
+        return obs, reward, False, self.t % 50 == 0, {}
+
+
+@pytest.mark.parametrize(
+    "fault, error, message",
+    [
+        ("nan_obs", ValueError, "invalid values"),
+        ("inf_obs", NonFiniteLossError, "non-finite (loss|gradient)"),
+        ("nan_reward", NonFiniteLossError, "non-finite loss"),
+        ("inf_reward", NonFiniteLossError, "non-finite loss"),
+        ("obs_shape", ValueError, r"could not broadcast|shape"),
+    ],
+)
+def test_hostile_env_raises_and_leaves_weights_finite(fault: str, error: type, message: str):
+    """Without a guard: a clear error, and no update ever applied non-finite values to the weights."""
+    model = PPOExt("MlpPolicy", DummyVecEnv([lambda: HostileEnv(fault)]), **TINY)
+    before = _params(model)
+    with pytest.raises(error, match=message):
+        model.learn(128)
+    after = _params(model)
+    assert all(np.isfinite(p).all() for p in after)
+    assert all(np.array_equal(x, y) for x, y in zip(before, after, strict=True))  # the fault came before the first update
+
+
+@pytest.mark.parametrize("fault", ["nan_obs", "nan_reward", "inf_reward"])
+def test_hostile_env_with_health_guard_stops_with_a_good_checkpoint(tmp_path: Path, fault: str):
+    """The documented guard behaviour: stop at the faulty step, restore and save the last good model."""
+    from sb3_ppo_ext.callbacks import TrainingHealthGuard
+
+    model = PPOExt("MlpPolicy", DummyVecEnv([lambda: HostileEnv(fault, at=70)]), **TINY)
+    guard = TrainingHealthGuard(save_path=str(tmp_path))
+    model.learn(256, callback=guard)
+    assert guard.stopped_by == "non_finite" and model.num_timesteps < 256
+    saved = PPOExt.load(guard.checkpoint_path, device="cpu")
+    assert all(np.isfinite(p).all() for p in _params(saved))
+
+
+class StrictActionEnv(HostileEnv):
+    """Raises TypeError for any action that is not a float32 array of the declared shape inside the bounds."""
+
+    def __init__(self):
+        super().__init__("none")
+
+    def step(self, action):
+        if not (isinstance(action, np.ndarray) and action.dtype == np.float32 and action.shape == (1,)):
+            raise TypeError(f"bad action {action!r}")
+        if not self.action_space.contains(action):
+            raise TypeError(f"action {action!r} outside {self.action_space}")
+        return super().step(action)
+
+
+@pytest.mark.parametrize("squash", [True, False])
+def test_env_receives_actions_of_its_declared_dtype_and_shape(squash: bool):
+    model = PPOExt(
+        "MlpPolicy", DummyVecEnv([StrictActionEnv]), **{**TINY, "policy_kwargs": dict(net_arch=[8], squash_output=squash)}
+    )
+    model.learn(64)
+
+
+def test_wrong_observation_or_action_space_at_use_is_a_clear_error(saved_model: Path):
+    """predict() with an observation of the wrong shape, and load() into an env with another action space."""
+    model = PPOExt.load(saved_model, device="cpu")
+    with pytest.raises(ValueError, match="Unexpected observation shape"):
+        model.predict(np.zeros(5, np.float32))
+
+    class TwoActions(HostileEnv):
+        action_space = spaces.Box(-2.0, 2.0, (2,), np.float32)
+        observation_space = gym.make("Pendulum-v1").observation_space
+
+    with pytest.raises(ModelFileError, match=rf"{re.escape(str(saved_model))} does not fit the given env: Action spaces"):
+        PPOExt.load(saved_model, env=DummyVecEnv([lambda: TwoActions("none")]), device="cpu")
+
+
+def test_bad_env_is_caught_by_env_checker():
+    """SB3's env checker, the documented way to vet an env, rejects an env whose observations disagree with its space."""
+    from stable_baselines3.common.env_checker import check_env
+
+    with pytest.raises(AssertionError, match="observation"):
+        check_env(HostileEnv("obs_shape", at=1))
+
+
+def test_installed_module_runs_without_optuna_or_zoo():
+    """reliability imports neither rl_zoo3 nor optuna (it sits on PPOExt's import path)."""
+    code = "import sys, sb3_ppo_ext.reliability; assert 'optuna' not in sys.modules and 'rl_zoo3' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
