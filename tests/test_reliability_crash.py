@@ -1,0 +1,180 @@
+"""Crashes with real processes: SIGKILL in the middle of a save and in the middle of an update, then resume.
+
+Each test starts a Python child that trains or saves, waits until the child reports (through a
+marker file) that it is inside the save or the update, kills it with SIGKILL and checks what is
+on disk: the previous model file intact, the newest checkpoint complete, and a resume that
+restores the timestep count, beta, the adapted learning rate, the VecNormalize statistics and the
+weights exactly as they were when that checkpoint was written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch as th
+from stable_baselines3.common.vec_env import DummyVecEnv
+
+from sb3_ppo_ext import PPOExt
+from sb3_ppo_ext.callbacks import KLAdaptiveLR
+from sb3_ppo_ext.reliability import ModelFileError, check_model_file, latest_checkpoint, resume
+
+th.set_num_threads(1)
+
+# Child: save a model once, then save it again with the zip writer held half-way (marker "mid_save").
+SAVE_CHILD = """
+import os, sys, time
+import torch as th
+th.set_num_threads(1)
+from stable_baselines3 import PPO
+from stable_baselines3.common import save_util
+from sb3_ppo_ext import PPOExt
+
+folder, algorithm = sys.argv[1], {"PPOExt": PPOExt, "PPO": PPO}[sys.argv[2]]
+model = algorithm("MlpPolicy", "Pendulum-v1", n_steps=32, batch_size=32, policy_kwargs=dict(net_arch=[8]), device="cpu")
+model.save(os.path.join(folder, "model.zip"))
+open(os.path.join(folder, "first_saved"), "w").close()
+original = save_util.th.save
+
+def held_save(obj, file, *args, **kwargs):
+    original(obj, file, *args, **kwargs)
+    file.flush()
+    open(os.path.join(folder, "mid_save"), "w").close()
+    time.sleep(120)
+
+save_util.th.save = held_save
+with th.no_grad():
+    for parameter in model.policy.parameters():
+        parameter.add_(1.0)
+model.save(os.path.join(folder, "model.zip"))
+"""
+
+# Child: PPOExt with an adaptive beta, KLAdaptiveLR and VecNormalize, checkpointing every 32 steps;
+# KL far below both targets: every update halves beta and multiplies the rate by 1.5. It
+# records what each checkpoint must restore, and after the third checkpoint it holds inside the
+# next update, right after its first gradient step (marker "in_update").
+TRAIN_CHILD = """
+import json, os, sys, time
+import torch as th
+th.set_num_threads(1)
+import gymnasium as gym
+from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+from sb3_ppo_ext import PPOExt
+from sb3_ppo_ext.callbacks import KLAdaptiveLR
+from sb3_ppo_ext.reliability import AtomicCheckpointCallback, atomic_path
+
+folder = sys.argv[1]
+
+class RecordingCheckpoints(AtomicCheckpointCallback):
+    def save_checkpoint(self):
+        path = super().save_checkpoint()
+        model = self.model
+        stats = model.get_vec_normalize_env()
+        record = dict(
+            timesteps=model.num_timesteps,
+            kl_coef=model.current_kl_coef,
+            learning_rate=model.learning_rate,
+            obs_mean=stats.obs_rms.mean.tolist(),
+            obs_count=stats.obs_rms.count,
+            params=[p.detach().flatten().tolist() for p in model.policy.parameters()],
+        )
+        with atomic_path(os.path.join(folder, f"expected_{model.num_timesteps}.json")) as file:
+            file.write(json.dumps(record).encode())
+        self.n_saved = getattr(self, "n_saved", 0) + 1
+        return path
+
+checkpoints = RecordingCheckpoints(save_freq=32, save_path=folder)
+env = VecNormalize(DummyVecEnv([lambda: gym.make("Pendulum-v1")]))
+model = PPOExt(
+    "MlpPolicy", env, n_steps=32, batch_size=16, n_epochs=2, learning_rate=3e-4, kl_coef=1.0, kl_target=10.0,
+    policy_kwargs=dict(net_arch=[8]), device="cpu", seed=0,
+)
+step = model.policy.optimizer.step
+
+def held_step(*args, **kwargs):
+    result = step(*args, **kwargs)
+    if getattr(checkpoints, "n_saved", 0) >= 3:
+        open(os.path.join(folder, "in_update"), "w").close()
+        time.sleep(120)
+    return result
+
+model.policy.optimizer.step = held_step
+model.learn(10**6, callback=[KLAdaptiveLR(target_kl=10.0), checkpoints])
+"""
+
+
+def _run_until(code: str, args: list[str], marker: Path, timeout: float = 120) -> None:
+    """Start ``python -c code args``, wait for ``marker``, SIGKILL the child and check that it died of it."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    deadline = time.monotonic() + timeout
+    try:
+        while not marker.exists():
+            if process.poll() is not None:
+                _, stderr = process.communicate()
+                pytest.fail(f"child exited with {process.returncode} before {marker.name}:\n{stderr.decode()[-3000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"child did not reach {marker.name} in {timeout} s")
+            time.sleep(0.05)
+        os.kill(process.pid, signal.SIGKILL)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=30)
+    assert process.returncode == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("algorithm", ["PPOExt", "PPO"])
+def test_sigkill_mid_save(tmp_path: Path, algorithm: str):
+    """PPOExt: the previous file survives a SIGKILL in the middle of a save. Stock PPO (same kill) is left broken."""
+    _run_until(SAVE_CHILD, [str(tmp_path), algorithm], tmp_path / "mid_save")
+    assert (tmp_path / "first_saved").exists()
+    if algorithm == "PPO":
+        with pytest.raises(ModelFileError, match=r"model\.zip is not a valid zip archive"):
+            check_model_file(tmp_path / "model.zip")
+        return
+    model = PPOExt.load(tmp_path / "model.zip", device="cpu")  # the first save, complete
+    model.predict(np.zeros(3, np.float32))
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".model.zip.tmp-")]
+    assert len(leftovers) == 1  # the killed save's temporary file, never renamed over model.zip
+
+
+def test_sigkill_mid_update_then_resume(tmp_path: Path):
+    """Kill during an update; resume from the last checkpoint with steps, beta, adapted LR, VecNormalize and weights."""
+    _run_until(TRAIN_CHILD, [str(tmp_path)], tmp_path / "in_update")
+    checkpoint = latest_checkpoint(tmp_path)
+    assert checkpoint is not None and checkpoint.timesteps == 96 and checkpoint.vec_normalize_path is not None
+    expected = json.loads((tmp_path / f"expected_{checkpoint.timesteps}.json").read_text())
+    assert expected["kl_coef"] == 0.25 and expected["learning_rate"] == pytest.approx(
+        3e-4 * 1.5**2
+    )  # two updates adapted them
+
+    model = resume(PPOExt, tmp_path, DummyVecEnv([lambda: gym.make("Pendulum-v1")]), device="cpu")
+    assert model.num_timesteps == expected["timesteps"]
+    assert model.current_kl_coef == expected["kl_coef"]
+    assert model.learning_rate == expected["learning_rate"]
+    assert model.policy.optimizer.param_groups[0]["lr"] == expected["learning_rate"]
+    for parameter, saved in zip(model.policy.parameters(), expected["params"], strict=True):
+        assert parameter.detach().flatten().tolist() == saved
+    stats = model.get_vec_normalize_env()
+    assert stats is not None and stats.obs_rms.mean.tolist() == expected["obs_mean"]
+    assert stats.obs_rms.count == expected["obs_count"] and stats.training
+
+    # Training goes on from there: the step count continues, beta and the rate adapt from the saved values.
+    adaptive_lr = KLAdaptiveLR(target_kl=10.0)
+    model.learn(32, reset_num_timesteps=False, callback=adaptive_lr)
+    assert model.num_timesteps == expected["timesteps"] + 32
+    assert model.current_kl_coef == expected["kl_coef"] / 2
+    assert model.learning_rate == pytest.approx(expected["learning_rate"] * 1.5)
