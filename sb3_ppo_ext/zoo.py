@@ -16,7 +16,9 @@ changes nothing for rl-zoo3's own algorithms:
   before anything is written; activation names in ``policy_kwargs`` (``activation_fn: tanh``) are
   mapped to torch classes without ``eval``; a run folder created by a failed run is removed;
   an Optuna storage URL is opened (and checked) through :func:`sb3_ppo_ext.samplers.make_storage`
-  before a study starts or a ``--trial-id`` is loaded.
+  before a study starts or a ``--trial-id`` is loaded; ``--save-freq`` checkpoints are written
+  atomically with their VecNormalize statistics, and ``-i <checkpoint>`` resumes with them, with the
+  timestep count and (when KLAdaptiveLR is used) the checkpoint's learning rate.
 
 Importing this module imports neither rl_zoo3 nor optuna.
 """
@@ -202,7 +204,86 @@ def _patch_experiment_manager(exp_manager: ModuleType) -> None:
     manager_class.setup_experiment = setup_experiment
     manager_class.hyperparameters_optimization = hyperparameters_optimization
     manager_class.load_trial = load_trial
+    _patch_checkpoints_and_resume(manager_class)
     setattr(manager_class, _PATCHED, True)
+
+
+def _patch_checkpoints_and_resume(manager_class: type) -> None:
+    """``--save-freq``: atomic checkpoints with VecNormalize statistics; ``-i <checkpoint>``: resume from them."""
+    original_create_callbacks = manager_class.create_callbacks
+    original_maybe_normalize = manager_class._maybe_normalize
+    original_load_pretrained = manager_class._load_pretrained_agent
+    original_learn = manager_class.learn
+
+    @functools.wraps(original_create_callbacks)
+    def create_callbacks(self):
+        original_create_callbacks(self)
+        if self.algo == ALGO_NAME:
+            self.callbacks = [_atomic_checkpoints(callback) for callback in self.callbacks]
+
+    @functools.wraps(original_maybe_normalize)
+    def _maybe_normalize(self, env, eval_env):
+        stats = _checkpoint_vec_normalize(self.trained_agent) if self.algo == ALGO_NAME else None
+        if stats is None:
+            return original_maybe_normalize(self, env, eval_env)
+        from stable_baselines3.common.vec_env import VecNormalize
+
+        print(f"Loading the checkpoint's VecNormalize stats {stats}")
+        env = VecNormalize.load(stats, env)
+        if eval_env:
+            env.training, env.norm_reward = False, False
+        return env
+
+    @functools.wraps(original_load_pretrained)
+    def _load_pretrained_agent(self, hyperparams, env):
+        if self.algo == ALGO_NAME and any(type(c).__name__ == "KLAdaptiveLR" for c in self.callbacks):
+            # The rate is state, like beta: KLAdaptiveLR adapted it and the checkpoint holds it.
+            hyperparams = {k: v for k, v in hyperparams.items() if k != "learning_rate"}
+        return original_load_pretrained(self, hyperparams, env)
+
+    @functools.wraps(original_learn)
+    def learn(self, model):
+        if self.algo != ALGO_NAME or not self.continue_training:
+            return original_learn(self, model)
+        # -i continues the run: the timestep count (and the checkpoint names) go on from the checkpoint's.
+        model.learn = functools.partial(model.learn, reset_num_timesteps=False)
+        try:
+            return original_learn(self, model)
+        finally:
+            del model.learn
+
+    manager_class.create_callbacks = create_callbacks
+    manager_class._maybe_normalize = _maybe_normalize
+    manager_class._load_pretrained_agent = _load_pretrained_agent
+    manager_class.learn = learn
+
+
+def _atomic_checkpoints(callback: Any) -> Any:
+    """rl-zoo3's ``CheckpointCallback`` (``--save-freq``) as an :class:`AtomicCheckpointCallback` saving VecNormalize too."""
+    from stable_baselines3.common.callbacks import CheckpointCallback
+
+    from sb3_ppo_ext.reliability import AtomicCheckpointCallback
+
+    if type(callback) is not CheckpointCallback:
+        return callback
+    return AtomicCheckpointCallback(
+        callback.save_freq,
+        callback.save_path,
+        name_prefix=callback.name_prefix,
+        save_vecnormalize=True,
+        verbose=callback.verbose,
+    )
+
+
+def _checkpoint_vec_normalize(trained_agent: str) -> str | None:
+    """The ``VecNormalize`` statistics saved with the checkpoint ``<prefix>_<N>_steps.zip``, if any."""
+    import re
+
+    match = re.fullmatch(r"(.*)_(\d+)_steps\.zip", os.path.basename(trained_agent or ""))
+    if match is None:
+        return None
+    stats = os.path.join(os.path.dirname(trained_agent), f"{match.group(1)}_vecnormalize_{match.group(2)}_steps.pkl")
+    return stats if os.path.isfile(stats) else None
 
 
 def _check_storage(storage: str | None) -> None:

@@ -21,7 +21,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch as th
-from stable_baselines3.common.vec_env import DummyVecEnv
+from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 from sb3_ppo_ext import PPOExt
 from sb3_ppo_ext.callbacks import KLAdaptiveLR
@@ -111,14 +111,10 @@ model.learn(10**6, callback=[KLAdaptiveLR(target_kl=10.0), checkpoints])
 """
 
 
-def _run_until(code: str, args: list[str], marker: Path, timeout: float = 120) -> None:
-    """Start ``python -c code args``, wait for ``marker``, SIGKILL the child and check that it died of it."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", code, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+def _run_until(command: list[str], marker: Path, timeout: float = 180, **popen_kwargs) -> None:
+    """Start ``command``, wait for ``marker``, SIGKILL the child and check that it died of it."""
+    popen_kwargs.setdefault("env", {**os.environ, "OMP_NUM_THREADS": "1"})
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen_kwargs)
     deadline = time.monotonic() + timeout
     try:
         while not marker.exists():
@@ -139,7 +135,7 @@ def _run_until(code: str, args: list[str], marker: Path, timeout: float = 120) -
 @pytest.mark.parametrize("algorithm", ["PPOExt", "PPO"])
 def test_sigkill_mid_save(tmp_path: Path, algorithm: str):
     """PPOExt: the previous file survives a SIGKILL in the middle of a save. Stock PPO (same kill) is left broken."""
-    _run_until(SAVE_CHILD, [str(tmp_path), algorithm], tmp_path / "mid_save")
+    _run_until([sys.executable, "-c", SAVE_CHILD, str(tmp_path), algorithm], tmp_path / "mid_save")
     assert (tmp_path / "first_saved").exists()
     if algorithm == "PPO":
         with pytest.raises(ModelFileError, match=r"model\.zip is not a valid zip archive"):
@@ -153,7 +149,7 @@ def test_sigkill_mid_save(tmp_path: Path, algorithm: str):
 
 def test_sigkill_mid_update_then_resume(tmp_path: Path):
     """Kill during an update; resume from the last checkpoint with steps, beta, adapted LR, VecNormalize and weights."""
-    _run_until(TRAIN_CHILD, [str(tmp_path)], tmp_path / "in_update")
+    _run_until([sys.executable, "-c", TRAIN_CHILD, str(tmp_path)], tmp_path / "in_update")
     checkpoint = latest_checkpoint(tmp_path)
     assert checkpoint is not None and checkpoint.timesteps == 96 and checkpoint.vec_normalize_path is not None
     expected = json.loads((tmp_path / f"expected_{checkpoint.timesteps}.json").read_text())
@@ -178,3 +174,85 @@ def test_sigkill_mid_update_then_resume(tmp_path: Path):
     assert model.num_timesteps == expected["timesteps"] + 32
     assert model.current_kl_coef == expected["kl_coef"] / 2
     assert model.learning_rate == pytest.approx(expected["learning_rate"] * 1.5)
+
+
+# --- the rl-zoo3 route: --save-freq, SIGKILL mid-update, then -i <checkpoint> ------------------
+
+ZOO_YML = """
+Pendulum-v1:
+  n_envs: 1
+  n_timesteps: 100000
+  policy: MlpPolicy
+  n_steps: 32
+  batch_size: 16
+  n_epochs: 2
+  normalize: true
+  learning_rate: 0.0003
+  kl_coef: 1.0
+  kl_target: 10.0
+  policy_kwargs: {net_arch: [8]}
+  callback:
+    - sb3_ppo_ext.callbacks.KLAdaptiveLR: {target_kl: 10.0}
+    - crash_helpers.HoldInUpdate
+"""
+
+# A callback that, when HOLD_AFTER_STEPS is set, holds the process inside the first update that
+# starts at or after that many steps, right after its first gradient step (marker "in_update").
+CRASH_HELPERS = """
+import os, time
+from stable_baselines3.common.callbacks import BaseCallback
+
+class HoldInUpdate(BaseCallback):
+    def _on_training_start(self):
+        after = os.environ.get("HOLD_AFTER_STEPS")
+        if after is None:
+            return
+        optimizer, step = self.model.policy.optimizer, self.model.policy.optimizer.step
+
+        def held_step(*args, **kwargs):
+            result = step(*args, **kwargs)
+            if self.model.num_timesteps >= int(after):
+                open(os.environ["HOLD_MARKER"], "w").close()
+                time.sleep(120)
+            return result
+
+        optimizer.step = held_step
+
+    def _on_step(self):
+        return True
+"""
+
+
+def test_zoo_sigkill_mid_update_then_continue_with_i(tmp_path: Path):
+    """rl_zoo3 train --save-freq, killed mid-update; -i <last checkpoint> goes on with steps, beta, LR and VecNormalize."""
+    (tmp_path / "ppo_ext.yml").write_text(ZOO_YML)
+    (tmp_path / "crash_helpers.py").write_text(CRASH_HELPERS)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path), "HOLD_MARKER": str(tmp_path / "in_update")}
+    train = [
+        sys.executable, "-m", "sb3_ppo_ext.zoo", "train", "--algo", "ppo_ext", "--env", "Pendulum-v1",
+        "--conf-file", str(tmp_path / "ppo_ext.yml"), "-f", str(tmp_path / "logs"), "--eval-freq", "-1",
+        "--num-threads", "1", "--seed", "0",
+    ]  # fmt: skip
+    _run_until([*train, "--save-freq", "32"], tmp_path / "in_update", cwd=tmp_path, env={**env, "HOLD_AFTER_STEPS": "96"})
+
+    run = tmp_path / "logs" / "ppo_ext" / "Pendulum-v1_1"
+    checkpoint = latest_checkpoint(run)
+    assert checkpoint is not None and checkpoint.timesteps == 96 and checkpoint.vec_normalize_path is not None
+    saved_stats = VecNormalize.load(str(checkpoint.vec_normalize_path), DummyVecEnv([lambda: gym.make("Pendulum-v1")]))
+
+    result = subprocess.run(
+        [*train, "-n", "32", "-i", str(checkpoint.model_path)], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"Loading the checkpoint's VecNormalize stats {checkpoint.vec_normalize_path}" in result.stdout
+    resumed = tmp_path / "logs" / "ppo_ext" / "Pendulum-v1_2"
+    model = PPOExt.load(resumed / "Pendulum-v1.zip", device="cpu")
+    # Two updates before the checkpoint, one after: beta 1 -> 0.5 -> 0.25 | -> 0.125; rate x1.5 each time.
+    assert model.num_timesteps == 96 + 32
+    assert model.current_kl_coef == 0.125
+    assert model.learning_rate == pytest.approx(3e-4 * 1.5**3)
+    stats = VecNormalize.load(
+        str(resumed / "Pendulum-v1" / "vecnormalize.pkl"), DummyVecEnv([lambda: gym.make("Pendulum-v1")])
+    )
+    assert stats.obs_rms.count == pytest.approx(saved_stats.obs_rms.count + 1 + 32)  # learn's reset, then 32 steps
