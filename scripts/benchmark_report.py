@@ -221,15 +221,23 @@ def _steps(value: float) -> str:
     return "never" if value == float("inf") else f"{value / 1000:.0f}k"
 
 
-def env_table(env: str, summaries: list[Summary], threshold: float | None) -> list[str]:
+def _settings_match_stock(runs: list[Run], stock_runs: list[Run]) -> bool:
+    """Whether a variant ran stock PPO's settings apart from the variant's own overrides."""
+    own, stock = runs[0].marker, stock_runs[0].marker
+    overridden = set(own["overrides"])
+    return {k: v for k, v in own["hyperparams"].items() if k not in overridden} == {
+        k: v for k, v in stock["hyperparams"].items() if k not in overridden
+    }
+
+
+def env_table(summaries: list[Summary], threshold: float | None, by_algo: dict[str, list[Run]]) -> list[str]:
+    crossing_header = f"steps to {threshold:g} (median; per seed)" if threshold is not None else "steps to threshold"
     lines = [
-        "| algorithm | seeds | final steps | final return mean ± std | IQM | IQM 95 % CI | "
-        f"steps to {threshold:g} (median; per seed) | wall-clock per run | env-steps/s |"
-        if threshold is not None
-        else "| algorithm | seeds | final steps | final return mean ± std | IQM | IQM 95 % CI | steps to threshold | "
-        "wall-clock per run | env-steps/s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| algorithm | seeds | final steps | final return mean ± std | IQM | IQM 95 % CI | {crossing_header} | "
+        "wall-clock per run | env-steps/s | ÷ stock PPO |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    stock = next((s for s in summaries if s.algo == STOCK), None)
     for s in summaries:
         if threshold is not None:
             reached = sum(step != float("inf") for step in s.threshold_steps)
@@ -237,9 +245,14 @@ def env_table(env: str, summaries: list[Summary], threshold: float | None) -> li
             crossing = f"{_steps(s.median_threshold_steps)} ({reached}/{len(s.seeds)} seeds: {per_seed})"
         else:
             crossing = "no threshold set"
+        if stock is None or s is stock:
+            ratio = "—"
+        else:
+            same = _settings_match_stock(by_algo[s.algo], by_algo[STOCK])
+            ratio = f"{s.fps / stock.fps:.2f} ({'same settings but the variant' if same else 'different settings'})"
         lines.append(
             f"| `{s.algo}` | {len(s.seeds)} | {s.final_steps} | {s.mean:.1f} ± {s.std:.1f} | {s.iqm:.1f} | "
-            f"[{s.ci[0]:.1f}, {s.ci[1]:.1f}] | {crossing} | {s.wall_s:.0f} s | {s.fps:.0f} |"
+            f"[{s.ci[0]:.1f}, {s.ci[1]:.1f}] | {crossing} | {s.wall_s:.0f} s | {s.fps:.0f} | {ratio} |"
         )
     return lines
 
@@ -305,8 +318,15 @@ def targets_section(suite: str, summaries: dict[str, list[Summary]], ratios: dic
         if name not in ratios:
             lines.append(f"| throughput ratio ≥ {target} | {name} | not measured yet | — |")
             continue
-        ratio, best_ratio = ratios[name], ratios.get(f"{name} (best)", float("nan"))
-        status = "met" if ratio >= target else "**missed**"
+        ratio, best_ratio = ratios[name], ratios.get(f"{name} (best)", ratios[name])
+        # Interference only adds time: a verdict needs the ratio of medians and the ratio of the
+        # least disturbed runs to agree.
+        if ratio >= target and best_ratio >= target:
+            status = "met"
+        elif ratio < target and best_ratio < target:
+            status = "**missed**"
+        else:
+            status = "inconclusive (medians and best runs disagree)"
         lines.append(
             f"| throughput ratio ≥ {target} | {name} (all diagnostics on) | {status} | "
             f"{ratio:.3f} (ratio of medians, {ratio - target:+.3f}); best runs {best_ratio:.3f} |"
@@ -401,7 +421,7 @@ def build_report(
             "",
             f"Budget {budget['steps']} env steps, evaluation every {budget['eval_freq']} steps.",
             "",
-            *env_table(env, env_summaries, threshold),
+            *env_table(env_summaries, threshold, ordered),
             "",
             f"![{env} learning curves]({figure.relative_to(out_md.parent).as_posix()})",
             "",

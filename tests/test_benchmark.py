@@ -279,3 +279,13 @@ def test_report_without_runs_fails(tmp_path, capsys):
     assert report.main(["--results", str(tmp_path), "--out", str(tmp_path / "r.md"), "--keep-data", ""]) == 1
     assert "no finished runs" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "r.md")
+
+
+def test_throughput_verdict_needs_medians_and_best_runs_to_agree():
+    lines = report.targets_section(
+        "pendulum", {}, {"PPOExt, squash on": 1.02, "PPOExt, squash on (best)": 0.93, "PPOExt, squash off": 0.99}
+    )
+    text = "\n".join(lines)
+    assert "| PPOExt, squash on (all diagnostics on) | inconclusive (medians and best runs disagree) | 1.020" in text
+    assert "| PPOExt, squash off (all diagnostics on) | met | 0.990" in text
+    assert "| Pendulum-v1 | not measured yet |" in text
