@@ -29,7 +29,7 @@ Public functions:
 - :func:`sample_zoo_params` / :func:`convert_zoo_params` — rl-zoo3's ``HYPERPARAMS_SAMPLER`` /
   ``HYPERPARAMS_CONVERTER`` entries for ``ppo_ext``;
 - :func:`make_storage` — the one place where an Optuna storage is opened (RDB URL, SQLite file,
-  journal file).
+  journal file), with Optuna's heartbeat and retry of dead workers' trials on RDB storages.
 
 The sampler is written once, in rl-zoo3's yml form (``learning_rate: lin_0.001``,
 ``activation_fn: tanh``); :func:`to_ppo_ext_kwargs` turns that form into objects. The converter
@@ -40,6 +40,7 @@ Importing this module does not import optuna; the functions that need it import 
 from __future__ import annotations
 
 import re
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from stable_baselines3.common.utils import LinearSchedule
@@ -233,7 +234,18 @@ def _mask_password(url: str) -> str:
     return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
 
 
-def make_storage(url: str | None) -> optuna.storages.BaseStorage | None:
+# Dead-worker detection on RDB storages: a RUNNING trial whose worker sent no heartbeat for
+# ``grace_period`` seconds is marked FAIL by the next worker that starts a trial, and re-queued.
+HEARTBEAT_INTERVAL = 60
+MAX_RETRY = 3
+
+
+def make_storage(
+    url: str | None,
+    heartbeat_interval: int | None = HEARTBEAT_INTERVAL,
+    grace_period: int | None = None,
+    max_retry: int = MAX_RETRY,
+) -> optuna.storages.BaseStorage | None:
     """
     Open the Optuna storage for ``url``: the single place where tuning storage is created.
 
@@ -242,15 +254,29 @@ def make_storage(url: str | None) -> optuna.storages.BaseStorage | None:
       on one machine, no server (rl-zoo3 uses the same rule);
     - any SQLAlchemy URL (``sqlite:///study.db``, ``postgresql://user:pass@host/db``): an
       ``RDBStorage``, connected (and Optuna's tables created) here, so an unreachable server fails
-      now with a :class:`StorageError` and not in the middle of a study. Dead-worker heartbeats
-      (``heartbeat_interval``, ``RetryFailedTrialCallback``) belong here when they are added.
+      now with a :class:`StorageError` and not in the middle of a study. It has Optuna's heartbeat:
+      each running trial records a heartbeat every ``heartbeat_interval`` seconds; a trial whose
+      worker died (SIGKILL, preemption, lost machine) is marked ``FAIL`` by the next worker that
+      starts a trial once ``grace_period`` seconds have passed without one, and
+      ``RetryHeartbeatStaleTrialCallback`` (``RetryFailedTrialCallback`` before Optuna 4.9)
+      enqueues a copy with the same parameters, up to ``max_retry`` times per original trial; the
+      copy's ``system_attrs["failed_trial"]`` is the dead trial's number.
 
     :param url: storage URL or journal file path
+    :param heartbeat_interval: seconds between heartbeats (RDB storages); None or 0 turns dead-worker detection off
+    :param grace_period: seconds without a heartbeat after which a trial counts as dead (default: Optuna's, 2 intervals)
+    :param max_retry: how many times a dead trial is re-queued
     :return: the storage, or None for in-memory
     :raises StorageError: the storage cannot be opened
+    :raises ValueError: a non-positive interval or grace period, or a negative ``max_retry``
     """
     import optuna
 
+    for name, value in (("heartbeat_interval", heartbeat_interval), ("grace_period", grace_period)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"{name}={value!r} is invalid: expected a whole number of seconds >= 0 or None")
+    if isinstance(max_retry, bool) or not isinstance(max_retry, int) or max_retry < 0:
+        raise ValueError(f"max_retry={max_retry!r} is invalid: expected an int >= 0")
     if url is None:
         return None
     if url.endswith(".log"):
@@ -268,8 +294,20 @@ def make_storage(url: str | None) -> optuna.storages.BaseStorage | None:
     engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if url.startswith("postgresql"):
         engine_kwargs["connect_args"] = {"connect_timeout": 10}
+    heartbeat: dict[str, Any] = {}
+    if heartbeat_interval:
+        heartbeat = dict(heartbeat_interval=heartbeat_interval, grace_period=grace_period or None)
+        with warnings.catch_warnings():  # the callback is marked experimental
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            if hasattr(optuna.storages, "RetryHeartbeatStaleTrialCallback"):  # Optuna >= 4.9
+                retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry)
+                heartbeat["heartbeat_stale_trial_callback"] = retry
+            else:  # the older name of the same callback
+                heartbeat["failed_trial_callback"] = optuna.storages.RetryFailedTrialCallback(max_retry)
     try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+        with warnings.catch_warnings():  # heartbeat_interval is marked experimental
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **heartbeat)
     except ImportError as error:
         raise StorageError(f"cannot open Optuna storage {_mask_password(url)}: missing database driver ({error})") from None
     except Exception as error:

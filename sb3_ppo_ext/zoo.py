@@ -16,7 +16,8 @@ changes nothing for rl-zoo3's own algorithms:
   before anything is written; activation names in ``policy_kwargs`` (``activation_fn: tanh``) are
   mapped to torch classes without ``eval``; a run folder created by a failed run is removed;
   an Optuna storage URL is opened (and checked) through :func:`sb3_ppo_ext.samplers.make_storage`
-  before a study starts or a ``--trial-id`` is loaded; ``--save-freq`` checkpoints are written
+  before a study starts or a ``--trial-id`` is loaded, and ``-optimize`` runs on that storage
+  object (Optuna's heartbeat: a dead worker's trial is failed and retried); ``--save-freq`` checkpoints are written
   atomically with their VecNormalize statistics, and ``-i <checkpoint>`` resumes with them, with the
   timestep count and (when KLAdaptiveLR is used) the checkpoint's learning rate.
 
@@ -25,12 +26,14 @@ Importing this module imports neither rl_zoo3 nor optuna.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import inspect
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -188,12 +191,13 @@ def _patch_experiment_manager(exp_manager: ModuleType) -> None:
             return original_optimization(self)
         try:
             # Opens the database (and creates Optuna's tables) before any trial runs.
-            _check_storage(self.storage)
+            storage = _check_storage(self.storage)
         except ZooConfigError:
             _remove_run_without_model(self.save_path)
             raise
         try:
-            return original_optimization(self)
+            with _study_storage(self.storage, storage):
+                return original_optimization(self)
         finally:
             # setup_experiment made a run folder (monitor files only) that holds no model: left
             # behind, it would become the "latest" run that enjoy tries to load.
@@ -286,16 +290,54 @@ def _checkpoint_vec_normalize(trained_agent: str) -> str | None:
     return stats if os.path.isfile(stats) else None
 
 
-def _check_storage(storage: str | None) -> None:
-    """Open an RDB storage URL through :func:`sb3_ppo_ext.samplers.make_storage`; ZooConfigError if it fails."""
+def _check_storage(storage: str | None) -> Any:
+    """
+    Open an RDB storage URL through :func:`sb3_ppo_ext.samplers.make_storage`; ZooConfigError if it fails.
+
+    The storage has Optuna's heartbeat (dead-worker detection and retry); ``SB3_PPO_EXT_HEARTBEAT_INTERVAL``
+    and ``SB3_PPO_EXT_GRACE_PERIOD`` (seconds) set its interval and grace period, as rl-zoo3 has no
+    option for them.
+
+    :return: the storage object, or None for no storage or a journal file
+    """
     if storage is None or storage.endswith(".log"):
-        return
-    from sb3_ppo_ext.samplers import StorageError, make_storage
+        return None
+    from sb3_ppo_ext.samplers import HEARTBEAT_INTERVAL, StorageError, make_storage
 
     try:
-        make_storage(storage)
-    except StorageError as error:
+        interval = int(os.environ.get("SB3_PPO_EXT_HEARTBEAT_INTERVAL", HEARTBEAT_INTERVAL))
+        grace = os.environ.get("SB3_PPO_EXT_GRACE_PERIOD")
+        return make_storage(storage, heartbeat_interval=interval, grace_period=None if grace is None else int(grace))
+    except (StorageError, ValueError) as error:
         raise ZooConfigError(str(error)) from None
+
+
+@contextlib.contextmanager
+def _study_storage(url: str | None, storage: Any) -> Iterator[None]:
+    """
+    While rl-zoo3 runs ``-optimize``, have its ``optuna.create_study(storage=url)`` use ``storage`` instead.
+
+    rl-zoo3 builds the study from the URL string, which gives an RDB storage without heartbeats;
+    the object from :func:`_check_storage` has them, so a dead worker's trial is failed and retried.
+    """
+    if storage is None:
+        yield
+        return
+    import optuna
+
+    original = optuna.create_study
+
+    @functools.wraps(original)
+    def create_study(*args, **kwargs):
+        if kwargs.get("storage") == url:
+            kwargs["storage"] = storage
+        return original(*args, **kwargs)
+
+    optuna.create_study = create_study
+    try:
+        yield
+    finally:
+        optuna.create_study = original
 
 
 def _remove_run_without_model(save_path: str) -> None:

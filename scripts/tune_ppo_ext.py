@@ -10,6 +10,12 @@ Many machines, one study on PostgreSQL (run on each machine; every worker runs `
     python scripts/tune_ppo_ext.py --env Pendulum-v1 --n-trials 50 \\
         --storage postgresql://user:password@db-host/optuna --study-name ppo_ext-pendulum
 
+On a database storage, a worker that dies mid-trial (SIGKILL, preemption) stops sending its
+trial's heartbeat; once ``--grace-period`` seconds have passed, the next worker that starts a trial
+marks it FAIL and re-queues its parameters (Optuna's heartbeat, see
+``sb3_ppo_ext.samplers.make_storage``). ``--max-total-trials`` makes every worker stop when the
+study as a whole has that many finished trials, so the study reaches its size even if workers die.
+
 Each trial trains PPOExt for ``--n-timesteps`` steps, evaluates it ``--n-evaluations`` times
 (deterministic policy, ``--eval-episodes`` episodes) and reports each mean return to Optuna,
 whose median pruner stops unpromising trials. The best trial's PPOExt keyword arguments are
@@ -32,7 +38,7 @@ from stable_baselines3.common.callbacks import EvalCallback
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_ppo_ext import NonFiniteLossError, PPOExt
-from sb3_ppo_ext.samplers import StorageError, make_storage, sample_ppo_ext_params
+from sb3_ppo_ext.samplers import HEARTBEAT_INTERVAL, StorageError, make_storage, sample_ppo_ext_params
 
 DEFAULT_STORAGE = "ppo_ext_study.log"
 
@@ -106,6 +112,20 @@ def main(argv: list[str] | None = None) -> int:
         "sqlite:///file.db, or postgresql://user:password@host/db for many machines",
     )
     parser.add_argument("--study-name", default=None, help="default: ppo_ext-<env>")
+    parser.add_argument(
+        "--max-total-trials",
+        type=int,
+        default=None,
+        help="stop once the study (all workers together) has this many finished (complete or pruned) trials",
+    )
+    parser.add_argument(
+        "--heartbeat-interval",
+        type=int,
+        default=HEARTBEAT_INTERVAL,
+        help=f"database storages: seconds between a running trial's heartbeats (default {HEARTBEAT_INTERVAL}; 0: off). "
+        "A trial whose worker died is marked FAIL after --grace-period seconds without one and re-queued",
+    )
+    parser.add_argument("--grace-period", type=int, default=None, help="seconds without a heartbeat (default: 2 intervals)")
     parser.add_argument("--n-startup-trials", type=int, default=5, help="random trials before TPE and pruning start")
     parser.add_argument("--seed", type=int, default=None, help="sampler seed (give each worker its own)")
     parser.add_argument("--device", default="cpu")
@@ -118,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown environment id {args.env!r}: {error}", file=sys.stderr)
         return 2
     try:
-        storage = make_storage(args.storage)
-    except StorageError as error:
+        storage = make_storage(args.storage, heartbeat_interval=args.heartbeat_interval, grace_period=args.grace_period)
+    except (StorageError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     study = optuna.create_study(
@@ -133,7 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     if "command" not in study.user_attrs:
         study.set_user_attr("command", " ".join(sys.orig_argv))
-    study.optimize(make_objective(args), n_trials=args.n_trials, gc_after_trial=True)
+    done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    callbacks = [] if args.max_total_trials is None else [optuna.study.MaxTrialsCallback(args.max_total_trials, done)]
+    if args.max_total_trials is None or len(study.get_trials(deepcopy=False, states=done)) < args.max_total_trials:
+        study.optimize(make_objective(args), n_trials=args.n_trials, callbacks=callbacks, gc_after_trial=True)
 
     finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     print(f"study {study.study_name}: {len(study.trials)} trials, {len(finished)} complete")

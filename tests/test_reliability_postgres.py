@@ -1,0 +1,114 @@
+"""A tuning worker killed mid-trial on a real PostgreSQL study: its trial is failed by Optuna's heartbeat and retried.
+
+Needs ``SB3_PPO_EXT_TEST_POSTGRES_URL`` (see ``test_zoo_postgres.py``). Worker A starts a long
+trial and is killed with SIGKILL while the trial is RUNNING; worker B, started after the grace
+period, marks A's trial FAIL (its heartbeat is stale), runs the re-queued copy with the same
+parameters, and stops when the study has its ``--max-total-trials`` finished trials.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import optuna
+import pytest
+
+from sb3_ppo_ext.samplers import make_storage
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+HEARTBEAT, GRACE = 1, 3
+TOTAL = 2
+FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+
+
+def _kill_while_running(command: list[str], url: str, study_name: str, cwd: Path, env: dict[str, str]) -> int:
+    """Start a worker, SIGKILL it once its trial is RUNNING (and has sent heartbeats); return that trial's number."""
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 180
+    try:
+        while True:
+            assert process.poll() is None, process.communicate()[1].decode()[-3000:]
+            assert time.monotonic() < deadline, "worker A never started a trial"
+            try:
+                study = optuna.load_study(study_name=study_name, storage=url)
+                running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+            except KeyError:  # the study does not exist yet
+                running = []
+            if running:
+                break
+            time.sleep(0.2)
+        time.sleep(2 * HEARTBEAT)  # a few heartbeats recorded, the trial well under way
+        os.kill(process.pid, signal.SIGKILL)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=30)
+    assert process.returncode == -signal.SIGKILL
+    return running[0].number
+
+
+def _check_recovered(url: str, study_name: str, dead: int) -> None:
+    study = optuna.load_study(study_name=study_name, storage=make_storage(url))
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    assert trials[dead].state == optuna.trial.TrialState.FAIL
+    retries = [t for t in trials.values() if t.system_attrs.get("failed_trial") == dead]
+    assert len(retries) == 1 and retries[0].state in FINISHED
+    assert retries[0].params == trials[dead].params
+    states = [t.state for t in trials.values()]
+    assert sum(state in FINISHED for state in states) == TOTAL
+    assert optuna.trial.TrialState.RUNNING not in states and optuna.trial.TrialState.WAITING not in states
+
+
+def test_plain_optuna_dead_worker_trial_is_failed_and_retried(postgres_url: str, tmp_path: Path):
+    study_name = f"test-heartbeat-{uuid.uuid4().hex[:8]}"
+    command = [
+        sys.executable, str(REPO_ROOT / "scripts" / "tune_ppo_ext.py"), "--env", "Pendulum-v1", "--n-trials", "10",
+        "--max-total-trials", str(TOTAL), "--n-evaluations", "1", "--eval-episodes", "1", "--n-startup-trials", "1",
+        "--storage", postgres_url, "--study-name", study_name,
+        "--heartbeat-interval", str(HEARTBEAT), "--grace-period", str(GRACE),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    dead = _kill_while_running([*command, "--n-timesteps", "1000000"], postgres_url, study_name, tmp_path, env)
+    time.sleep(GRACE + 0.5)
+    result = subprocess.run(
+        [*command, "--n-timesteps", "256"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    _check_recovered(postgres_url, study_name, dead)
+
+
+def test_zoo_optimize_dead_worker_trial_is_failed_and_retried(postgres_url: str, tmp_path: Path):
+    study_name = f"test-zoo-heartbeat-{uuid.uuid4().hex[:8]}"
+    command = [
+        sys.executable, "-m", "sb3_ppo_ext.zoo", "train", "--algo", "ppo_ext", "--env", "Pendulum-v1", "-optimize",
+        "--n-trials", "10", "--max-total-trials", str(TOTAL), "--n-startup-trials", "1", "--n-evaluations", "1",
+        "--eval-episodes", "1", "--no-optim-plots", "--num-threads", "1", "--storage", postgres_url,
+        "--study-name", study_name, "-params", "n_envs:1", "--pruner", "none",
+    ]  # fmt: skip
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "SB3_PPO_EXT_HEARTBEAT_INTERVAL": str(HEARTBEAT),
+        "SB3_PPO_EXT_GRACE_PERIOD": str(GRACE),
+    }
+    dead = _kill_while_running([*command, "-n", "1000000"], postgres_url, study_name, tmp_path, env)
+    time.sleep(GRACE + 0.5)
+    result = subprocess.run([*command, "-n", "256"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    _check_recovered(postgres_url, study_name, dead)
+
+
+def test_make_storage_heartbeat_settings_are_checked():
+    with pytest.raises(ValueError, match="heartbeat_interval=-1"):
+        make_storage("sqlite://", heartbeat_interval=-1)
+    with pytest.raises(ValueError, match="max_retry=-2"):
+        make_storage("sqlite://", max_retry=-2)
+    storage = make_storage("sqlite://", heartbeat_interval=5, grace_period=7)
+    assert storage.heartbeat_interval == 5 and storage.grace_period == 7
+    assert make_storage("sqlite://", heartbeat_interval=0).heartbeat_interval is None
