@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import gymnasium as gym
@@ -111,18 +112,18 @@ model.learn(10**6, callback=[KLAdaptiveLR(target_kl=10.0), checkpoints])
 """
 
 
-def _run_until(command: list[str], marker: Path, timeout: float = 180, **popen_kwargs) -> None:
-    """Start ``command``, wait for ``marker``, SIGKILL the child and check that it died of it."""
+def run_and_sigkill(command: list[str], ready: Callable[[], bool], timeout: float = 180, **popen_kwargs) -> None:
+    """Start ``command``, poll ``ready()`` until it holds, SIGKILL the child and check that it died of it."""
     popen_kwargs.setdefault("env", {**os.environ, "OMP_NUM_THREADS": "1"})
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen_kwargs)
     deadline = time.monotonic() + timeout
     try:
-        while not marker.exists():
+        while not ready():
             if process.poll() is not None:
                 _, stderr = process.communicate()
-                pytest.fail(f"child exited with {process.returncode} before {marker.name}:\n{stderr.decode()[-3000:]}")
+                pytest.fail(f"child exited with {process.returncode} before it was ready:\n{stderr.decode()[-3000:]}")
             if time.monotonic() > deadline:
-                pytest.fail(f"child did not reach {marker.name} in {timeout} s")
+                pytest.fail(f"child not ready after {timeout} s")
             time.sleep(0.05)
         os.kill(process.pid, signal.SIGKILL)
     finally:
@@ -130,6 +131,11 @@ def _run_until(command: list[str], marker: Path, timeout: float = 180, **popen_k
             process.kill()
         process.communicate(timeout=30)
     assert process.returncode == -signal.SIGKILL
+
+
+def _run_until(command: list[str], marker: Path, **popen_kwargs) -> None:
+    """Start ``command``, SIGKILL it as soon as it has written ``marker``."""
+    run_and_sigkill(command, marker.exists, **popen_kwargs)
 
 
 @pytest.mark.parametrize("algorithm", ["PPOExt", "PPO"])

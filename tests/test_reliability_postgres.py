@@ -9,7 +9,6 @@ parameters, and stops when the study has its ``--max-total-trials`` finished tri
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from test_reliability_crash import run_and_sigkill
 
 from sb3_ppo_ext.samplers import make_storage
 
@@ -28,28 +28,23 @@ FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 
 
 def _kill_while_running(command: list[str], url: str, study_name: str, cwd: Path, env: dict[str, str]) -> int:
-    """Start a worker, SIGKILL it once its trial is RUNNING (and has sent heartbeats); return that trial's number."""
-    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 180
-    try:
-        while True:
-            assert process.poll() is None, process.communicate()[1].decode()[-3000:]
-            assert time.monotonic() < deadline, "worker A never started a trial"
+    """Start a worker, SIGKILL it once its trial has been RUNNING for two heartbeats; return that trial's number."""
+    running: list[optuna.trial.FrozenTrial] = []
+    first_seen: list[float] = []
+
+    def trial_under_way() -> bool:
+        if not running:
             try:
                 study = optuna.load_study(study_name=study_name, storage=url)
-                running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+                running.extend(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
             except KeyError:  # the study does not exist yet
-                running = []
-            if running:
-                break
-            time.sleep(0.2)
-        time.sleep(2 * HEARTBEAT)  # a few heartbeats recorded, the trial well under way
-        os.kill(process.pid, signal.SIGKILL)
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.communicate(timeout=30)
-    assert process.returncode == -signal.SIGKILL
+                return False
+            if not running:
+                return False
+            first_seen.append(time.monotonic())
+        return time.monotonic() - first_seen[0] > 2 * HEARTBEAT
+
+    run_and_sigkill(command, trial_under_way, cwd=cwd, env=env)
     return running[0].number
 
 
