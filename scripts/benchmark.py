@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +226,25 @@ def _std(values) -> float:
     return (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
 
 
+@contextlib.contextmanager
+def _output_to(log) -> Iterator[None]:
+    """Send this process's stdout and stderr to ``log``, at the file-descriptor level too (MuJoCo's warnings)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    try:
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            yield
+    finally:
+        log.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+
+
 def run_one(spec: RunSpec) -> dict[str, Any]:
     """
     Train and evaluate one run; write its CSV and done marker.
@@ -242,8 +262,7 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
     with (
         tempfile.TemporaryDirectory(prefix="sb3_ppo_ext_bench_") as folder,
         open(spec.log_path, "w") as log,
-        contextlib.redirect_stdout(log),
-        contextlib.redirect_stderr(log),
+        _output_to(log),
     ):
         import rl_zoo3
         import stable_baselines3
