@@ -403,7 +403,8 @@ def build_report(
     if any_marker is not None:
         versions = ", ".join(f"{k} {v}" for k, v in any_marker["versions"].items())
         lines += [
-            f"Machine: {any_marker['cpu_count']} CPU cores shared with other work, one torch thread per run, no GPU; "
+            f"Machine: {any_marker['cpu_count']} CPU cores, one torch thread per run, "
+            f"device {any_marker['budget']['device']}; "
             f"{versions}. Evaluation: {any_marker['budget']['eval_episodes']} episodes.",
             "",
         ]
