@@ -245,6 +245,16 @@ def _output_to(log) -> Iterator[None]:
         os.close(saved[1])
 
 
+@contextlib.contextmanager
+def _working_directory(folder: str) -> Iterator[None]:
+    previous = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
 def run_one(spec: RunSpec) -> dict[str, Any]:
     """
     Train and evaluate one run; write its CSV and done marker.
@@ -254,6 +264,8 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
     import torch as th
 
     th.set_num_threads(1)
+    # The run works in a temporary folder (MuJoCo writes MUJOCO_LOG.TXT to the working directory).
+    spec = dataclasses.replace(spec, out=str(Path(spec.out).resolve()))
     spec.stem.parent.mkdir(parents=True, exist_ok=True)
     for stale in (spec.marker_path, spec.csv_path):
         stale.unlink(missing_ok=True)
@@ -263,6 +275,7 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
         tempfile.TemporaryDirectory(prefix="sb3_ppo_ext_bench_") as folder,
         open(spec.log_path, "w") as log,
         _output_to(log),
+        _working_directory(folder),
     ):
         import rl_zoo3
         import stable_baselines3
