@@ -244,3 +244,24 @@ def test_dummy_and_gym_env_and_string_env():
     PPOExt("MlpPolicy", DummyVecEnv([lambda: IdentityEnvBox()]), **SMALL).learn(64)
     PPOExt("MlpPolicy", IdentityEnvBox(), **SMALL).learn(64)
     PPOExt("MlpPolicy", "Pendulum-v1", **SMALL).learn(64)
+
+
+@pytest.mark.parametrize("kwargs", [dict(), dict(clip_range_vf=0.1, ent_coef=0.01), dict(use_sde=True)])
+def test_squash_off_update_equals_stock_ppo(kwargs):
+    """With full-batch minibatches (order cannot matter), squash-off PPOExt and PPO make the same update."""
+    common = dict(n_steps=64, batch_size=128, n_epochs=3, seed=3, **kwargs)
+    models = []
+    # Built and trained one after the other: each constructor seeds the global RNGs.
+    for algo, policy_kwargs in ((PPO, dict(net_arch=[16])), (PPOExt, dict(net_arch=[16], squash_output=False))):
+        model = algo("MlpPolicy", make_vec_env("Pendulum-v1", n_envs=2, seed=3), policy_kwargs=policy_kwargs, **common)
+        initial = {name: value.clone() for name, value in model.policy.state_dict().items()}
+        models.append((model.learn(128), initial))
+    (stock, stock_initial), (ext, ext_initial) = models
+    for name, value in stock_initial.items():
+        assert th.equal(value, ext_initial[name]), name
+    assert np.array_equal(stock.rollout_buffer.actions, ext.rollout_buffer.actions)
+    changed = False
+    for name, value in stock.policy.state_dict().items():
+        assert th.allclose(value, ext.policy.state_dict()[name], atol=1e-5), name
+        changed |= not th.equal(value, stock_initial[name])
+    assert changed
