@@ -39,7 +39,8 @@ def log_tanh_jacobian(u: th.Tensor) -> th.Tensor:
     :param u: pre-squash values
     :return: ``log(1 - tanh(u)^2)``, same shape as ``u``
     """
-    return 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))
+    minus_two_u = -2.0 * u
+    return (2.0 * math.log(2.0) + minus_two_u) - 2.0 * F.softplus(minus_two_u)
 
 
 class TanhSquashedDistribution(Distribution):
