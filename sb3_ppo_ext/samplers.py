@@ -234,6 +234,25 @@ def _mask_password(url: str) -> str:
     return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
 
 
+def _open_rdb_storage(url: str, engine_kwargs: dict[str, Any], heartbeat: dict[str, Any], attempts: int = 3) -> Any:
+    """``RDBStorage(url)``; retried when workers started together race to create Optuna's tables (IntegrityError)."""
+    import time
+
+    import optuna
+    from sqlalchemy.exc import IntegrityError
+
+    for attempt in range(attempts):
+        try:
+            with warnings.catch_warnings():  # heartbeat_interval is marked experimental
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **heartbeat)
+        except IntegrityError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5 * (attempt + 1))  # another worker is creating the tables: they exist when it is done
+    raise AssertionError("unreachable")
+
+
 # Dead-worker detection on RDB storages: a RUNNING trial whose worker sent no heartbeat for
 # ``grace_period`` seconds is marked FAIL by the next worker that starts a trial, and re-queued.
 HEARTBEAT_INTERVAL = 60
@@ -305,9 +324,7 @@ def make_storage(
             else:  # the older name of the same callback
                 heartbeat["failed_trial_callback"] = optuna.storages.RetryFailedTrialCallback(max_retry)
     try:
-        with warnings.catch_warnings():  # heartbeat_interval is marked experimental
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **heartbeat)
+        return _open_rdb_storage(url, engine_kwargs, heartbeat)
     except ImportError as error:
         raise StorageError(f"cannot open Optuna storage {_mask_password(url)}: missing database driver ({error})") from None
     except Exception as error:

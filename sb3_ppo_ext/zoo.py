@@ -212,7 +212,7 @@ def _patch_experiment_manager(exp_manager: ModuleType) -> None:
     setattr(manager_class, _PATCHED, True)
 
 
-def _patch_checkpoints_and_resume(manager_class: type) -> None:
+def _patch_checkpoints_and_resume(manager_class: Any) -> None:
     """``--save-freq``: atomic checkpoints with VecNormalize statistics; ``-i <checkpoint>``: resume from them."""
     original_create_callbacks = manager_class.create_callbacks
     original_maybe_normalize = manager_class._maybe_normalize
@@ -250,16 +250,25 @@ def _patch_checkpoints_and_resume(manager_class: type) -> None:
         if self.algo != ALGO_NAME or not self.continue_training:
             return original_learn(self, model)
         # -i continues the run: the timestep count (and the checkpoint names) go on from the checkpoint's.
-        model.learn = functools.partial(model.learn, reset_num_timesteps=False)
-        try:
-            return original_learn(self, model)
-        finally:
-            del model.learn
+        return original_learn(self, _ContinuingModel(model))
 
     manager_class.create_callbacks = create_callbacks
     manager_class._maybe_normalize = _maybe_normalize
     manager_class._load_pretrained_agent = _load_pretrained_agent
     manager_class.learn = learn
+
+
+class _ContinuingModel:
+    """The model as rl-zoo3's ``learn`` sees it on ``-i``: ``learn`` keeps the step count (nothing is set on the model)."""
+
+    def __init__(self, model: Any):
+        self._model = model
+
+    def learn(self, *args: Any, **kwargs: Any) -> Any:
+        return self._model.learn(*args, reset_num_timesteps=False, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
 
 
 def _atomic_checkpoints(callback: Any) -> Any:

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 from sb3_ppo_ext import PPOExt
 from sb3_ppo_ext.callbacks import KLAdaptiveLR
-from sb3_ppo_ext.reliability import ModelFileError, check_model_file, latest_checkpoint, resume
+from sb3_ppo_ext.reliability import ModelFileError, check_model_file, latest_checkpoint, list_checkpoints, resume
 
 th.set_num_threads(1)
 
@@ -247,7 +248,8 @@ def test_zoo_sigkill_mid_update_then_continue_with_i(tmp_path: Path):
     saved_stats = VecNormalize.load(str(checkpoint.vec_normalize_path), DummyVecEnv([lambda: gym.make("Pendulum-v1")]))
 
     result = subprocess.run(
-        [*train, "-n", "32", "-i", str(checkpoint.model_path)], cwd=tmp_path, env=env, capture_output=True, text=True,
+        [*train, "-n", "32", "--save-freq", "32", "-i", str(checkpoint.model_path)], cwd=tmp_path, env=env,
+        capture_output=True, text=True,
         timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -258,6 +260,10 @@ def test_zoo_sigkill_mid_update_then_continue_with_i(tmp_path: Path):
     assert model.num_timesteps == 96 + 32
     assert model.current_kl_coef == 0.125
     assert model.learning_rate == pytest.approx(3e-4 * 1.5**3)
+    # The resumed run's own checkpoints go on from the step count, and hold only the model's state.
+    assert [c.timesteps for c in list_checkpoints(resumed)] == [128]
+    with zipfile.ZipFile(resumed / "rl_model_128_steps.zip") as archive:
+        assert "learn" not in json.loads(archive.read("data"))
     stats = VecNormalize.load(
         str(resumed / "Pendulum-v1" / "vecnormalize.pkl"), DummyVecEnv([lambda: gym.make("Pendulum-v1")])
     )

@@ -107,3 +107,19 @@ def test_make_storage_heartbeat_settings_are_checked():
     storage = make_storage("sqlite://", heartbeat_interval=5, grace_period=7)
     assert storage.heartbeat_interval == 5 and storage.grace_period == 7
     assert make_storage("sqlite://", heartbeat_interval=0).heartbeat_interval is None
+
+
+def test_make_storage_retries_the_table_creation_race(monkeypatch: pytest.MonkeyPatch):
+    """Workers started together on a fresh database race to create Optuna's tables; the loser retries."""
+    from sqlalchemy.exc import IntegrityError
+
+    original, calls = optuna.storages.RDBStorage, []
+
+    def racing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise IntegrityError("INSERT INTO alembic_version", {}, Exception("UNIQUE constraint failed"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", racing)
+    assert make_storage("sqlite://") is not None and len(calls) == 2
