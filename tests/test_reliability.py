@@ -341,23 +341,34 @@ def test_hostile_env_with_health_guard_stops_with_a_good_checkpoint(tmp_path: Pa
 
 
 class StrictActionEnv(HostileEnv):
-    """Raises TypeError for any action that is not a float32 array of the declared shape inside the bounds."""
+    """Raises TypeError for any action that is not of the declared space's dtype and shape, inside the space."""
 
-    def __init__(self):
+    def __init__(self, action_space: spaces.Space):
         super().__init__("none")
+        self.action_space = action_space
 
     def step(self, action):
-        if not (isinstance(action, np.ndarray) and action.dtype == np.float32 and action.shape == (1,)):
-            raise TypeError(f"bad action {action!r}")
+        action = np.asarray(action)
+        if action.dtype != self.action_space.dtype or action.shape != self.action_space.shape:
+            raise TypeError(f"bad action {action!r} for {self.action_space}")
         if not self.action_space.contains(action):
             raise TypeError(f"action {action!r} outside {self.action_space}")
         return super().step(action)
 
 
-@pytest.mark.parametrize("squash", [True, False])
-def test_env_receives_actions_of_its_declared_dtype_and_shape(squash: bool):
+@pytest.mark.parametrize(
+    "action_space, squash",
+    [
+        (spaces.Box(-1.0, 1.0, (1,), np.float32), True),
+        (spaces.Box(-1.0, 1.0, (1,), np.float32), False),
+        (spaces.Discrete(3), None),
+        (spaces.MultiDiscrete([2, 3]), None),
+    ],
+)
+def test_env_receives_actions_of_its_declared_dtype_and_shape(action_space: spaces.Space, squash: bool | None):
+    policy_kwargs = dict(net_arch=[8]) if squash is None else dict(net_arch=[8], squash_output=squash)
     model = PPOExt(
-        "MlpPolicy", DummyVecEnv([StrictActionEnv]), **{**TINY, "policy_kwargs": dict(net_arch=[8], squash_output=squash)}
+        "MlpPolicy", DummyVecEnv([lambda: StrictActionEnv(action_space)]), **{**TINY, "policy_kwargs": policy_kwargs}
     )
     model.learn(64)
 
