@@ -50,13 +50,18 @@ class NonFiniteLossError(FloatingPointError):
     """Raised by :meth:`PPOExt.train` before a non-finite loss or gradient reaches the parameters."""
 
 
-def _positive_or_schedule(name: str, value: Any, allow_none: bool) -> None:
-    """ValueError unless ``value`` is a positive finite number, a schedule positive at progress 1, or an allowed None."""
+def _positive_or_schedule(name: str, value: Any, allow_none: bool, check_schedule: bool = True) -> None:
+    """
+    ValueError unless ``value`` is a positive finite number, a schedule (positive at progress 1
+    when ``check_schedule``), or an allowed None.
+    """
     if value is None:
         if not allow_none:
             raise ValueError(f"{name}=None is not allowed: expected a positive float or a schedule")
         return
     if callable(value):
+        if not check_schedule:
+            return
         start = value(1.0)
         if not (isinstance(start, (int, float)) and math.isfinite(start) and start > 0):
             raise ValueError(f"{name} is a schedule whose initial value {start!r} is not a positive float")
@@ -273,10 +278,11 @@ class PPOExt(PPO):
         kl_coef_bounds: Any,
         max_grad_norm: Any,
         target_kl: Any,
+        check_schedules: bool = True,
     ) -> None:
         """Raise ValueError, naming the parameter, the value and what is allowed, for any invalid argument."""
-        _positive_or_schedule("clip_range", clip_range, allow_none=True)
-        _positive_or_schedule("clip_range_vf", clip_range_vf, allow_none=True)
+        _positive_or_schedule("clip_range", clip_range, allow_none=True, check_schedule=check_schedules)
+        _positive_or_schedule("clip_range_vf", clip_range_vf, allow_none=True, check_schedule=check_schedules)
         if vf_clip_mode not in losses.VF_CLIP_MODES:
             raise ValueError(f"vf_clip_mode={vf_clip_mode!r} is invalid: expected one of {losses.VF_CLIP_MODES}")
         if vf_clip_mode == "max" and clip_range_vf is None:
@@ -313,7 +319,10 @@ class PPOExt(PPO):
         # ``None`` (clipping off): run the on-policy setup it builds on and convert here instead.
         super(PPO, self)._setup_model()
         # Checked again here because ``load(path, **kwargs)`` overrides attributes without __init__.
+        # Schedules are not evaluated: ``load``'s ``custom_objects`` may replace them for a model
+        # that will not train (rl-zoo3's enjoy passes ``clip_range=lambda _: 0.0``).
         self._check_arguments(
+            check_schedules=False,
             clip_range=self.clip_range,
             clip_range_vf=self.clip_range_vf,
             vf_clip_mode=self.vf_clip_mode,

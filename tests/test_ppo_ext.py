@@ -435,3 +435,11 @@ def test_every_shipped_yml_entry_builds_a_model_through_the_quickstart_entry():
         )
         model = PPOExt(settings["policy"], env, **settings["model_kwargs"])
         assert model.n_steps == entry.get("n_steps", 2048), env_id
+
+
+def test_load_accepts_custom_objects_for_a_model_that_will_not_train(tmp_path):
+    """rl-zoo3's enjoy loads with zero schedules; only constructor-time schedules must start positive."""
+    PPOExt("MlpPolicy", "Pendulum-v1", **TINY).save(tmp_path / "m")
+    zero = {"learning_rate": 0.0, "lr_schedule": lambda _: 0.0, "clip_range": lambda _: 0.0}
+    loaded = PPOExt.load(tmp_path / "m", custom_objects=zero)
+    assert loaded.predict(np.zeros(3, dtype=np.float32))[0].shape == (1,)
