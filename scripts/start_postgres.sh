@@ -63,7 +63,15 @@ if [ ! -f "$data_dir/PG_VERSION" ]; then
   as_db_user "$bindir/initdb" -D "$data_dir" -U "$db_user" -A trust --no-instructions >&2
 fi
 
-if ! pg_ctl status >/dev/null 2>&1; then
+server_ready() { as_db_user "$bindir/pg_isready" -h 127.0.0.1 -p "$port" -q; }
+if ! server_ready; then
+  # A server killed without a clean shutdown (SIGKILL, a machine stop) leaves postmaster.pid
+  # behind; if no server answers, that file is stale: stop whatever is left, then start afresh.
+  if [ -f "$data_dir/postmaster.pid" ]; then
+    log "no server answers on 127.0.0.1:$port: clearing the stale postmaster.pid"
+    pg_ctl stop -m immediate -t 5 >/dev/null 2>&1 || true
+    rm -f "$data_dir/postmaster.pid"
+  fi
   log "starting the server on 127.0.0.1:$port"
   pg_ctl start -w -t 60 -l "$data_dir/server.log" \
     -o "-p $port -c listen_addresses=127.0.0.1 -k $data_dir -c max_connections=200" >&2
