@@ -40,6 +40,8 @@ from stable_baselines3.common.logger import HParam, TensorBoardOutputFormat
 from stable_baselines3.common.utils import FloatSchedule, update_learning_rate
 from stable_baselines3.common.vec_env import VecEnv
 
+from sb3_ppo_ext.reliability import save_model_atomically, save_vec_normalize_atomically
+
 if TYPE_CHECKING:
     import gymnasium as gym
     import optuna
@@ -649,14 +651,15 @@ class TrainingHealthGuard(_AfterUpdateCallback):
             )
             return
         os.makedirs(folder, exist_ok=True)
-        self.checkpoint_path = os.path.join(folder, f"{self.name_prefix}_{self.model.num_timesteps}_steps.zip")
-        self.model.save(self.checkpoint_path)
+        # Atomic writes (statistics first), so a crash while stopping never leaves a broken "last good" file.
         vec_normalize = self.model.get_vec_normalize_env()
         if vec_normalize is not None:
             self.vec_normalize_path = os.path.join(
                 folder, f"{self.name_prefix}_vecnormalize_{self.model.num_timesteps}_steps.pkl"
             )
-            vec_normalize.save(self.vec_normalize_path)
+            save_vec_normalize_atomically(vec_normalize, self.vec_normalize_path)
+        self.checkpoint_path = os.path.join(folder, f"{self.name_prefix}_{self.model.num_timesteps}_steps.zip")
+        save_model_atomically(self.model, self.checkpoint_path)
         if self.verbose >= 1:
             print(f"TrainingHealthGuard: saved the last good model to {self.checkpoint_path}")
 

@@ -111,9 +111,9 @@ class TanhSquashedDistribution(Distribution):
     def mode(self) -> th.Tensor:
         return self.base.mode()
 
-    def actions_from_params(self, *args, **kwargs) -> th.Tensor:
+    def actions_from_params(self, *args, deterministic: bool = False, **kwargs) -> th.Tensor:
         self.proba_distribution(*args, **kwargs)
-        return self.get_actions(deterministic=kwargs.get("deterministic", False))
+        return self.get_actions(deterministic=deterministic)
 
     def log_prob_from_params(self, *args, **kwargs) -> tuple[th.Tensor, th.Tensor]:
         actions = self.actions_from_params(*args, **kwargs)

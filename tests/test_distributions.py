@@ -169,3 +169,12 @@ def test_rescale_never_leaves_asymmetric_bounds():
     assert np.all(actions >= space.low) and np.all(actions <= space.high)
     assert np.allclose(actions[-2], [3.0, 0.0]) and np.allclose(actions[-1], [-1.0, 0.5])
     assert np.allclose(rescale_tanh(np.zeros((1, 2), dtype=np.float32), space.low, space.high), [[1.0, 0.25]])
+
+
+def test_actions_from_params_pass_deterministic_to_sampling_only():
+    dist = squashed(th.zeros(2, 1), th.zeros(1), [-1], [1], dtype=th.float32)
+    mean = th.tensor([[0.5], [-1.0]])
+    actions = dist.actions_from_params(mean, th.zeros(1), deterministic=True)
+    assert th.equal(actions, mean)
+    actions, log_prob = dist.log_prob_from_params(mean, th.zeros(1), deterministic=True)
+    assert th.allclose(log_prob, dist.log_prob(mean))
