@@ -39,6 +39,7 @@ Importing this module does not import optuna; the functions that need it import 
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -62,6 +63,11 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {
     "gelu": nn.GELU,
     "silu": nn.SiLU,
 }
+N_EPOCHS = [1, 4, 5, 10, 20]
+TARGET_KLS = [None, 0.01, 0.02, 0.05]
+CLIP_RANGES = [0.1, 0.2, 0.3, 0.4]
+CLIP_RANGES_VF = [0.1, 0.2, 0.5, 1.0, 10.0]
+SDE_SAMPLE_FREQS = [-1, 4, 16]
 # Keys whose rl-zoo3 form ``lin_<x>`` is a linear schedule from x to 0.
 SCHEDULE_KEYS = ("learning_rate", "clip_range", "clip_range_vf")
 
@@ -105,12 +111,12 @@ def _sample_rollout(trial: optuna.Trial) -> dict[str, Any]:
     n_steps_pow = trial.suggest_int("n_steps_pow", 5, 11)  # 32 .. 2048 steps per env
     # Minibatches no larger than one env's rollout, so that the batch always divides the buffer.
     batch_size_pow = min(trial.suggest_int("batch_size_pow", 5, 9), n_steps_pow)  # 32 .. 512
-    one_minus_gamma = trial.suggest_float("one_minus_gamma", 1e-4, 0.03, log=True)
+    one_minus_gamma = trial.suggest_float("one_minus_gamma", 1e-4, 0.1, log=True)
     one_minus_gae_lambda = trial.suggest_float("one_minus_gae_lambda", 1e-4, 0.1, log=True)
     values = {
         "n_steps": 2**n_steps_pow,
         "batch_size": 2**batch_size_pow,
-        "n_epochs": trial.suggest_categorical("n_epochs", [1, 5, 10, 20]),
+        "n_epochs": trial.suggest_categorical("n_epochs", N_EPOCHS),
         "gamma": 1 - one_minus_gamma,
         "gae_lambda": 1 - one_minus_gae_lambda,
     }
@@ -126,7 +132,7 @@ def _sample_optimizer(trial: optuna.Trial) -> dict[str, Any]:
         "learning_rate": f"lin_{learning_rate}" if linear else learning_rate,
         "max_grad_norm": trial.suggest_float("max_grad_norm", 0.3, 2.0),
         "ent_coef": trial.suggest_float("ent_coef", 1e-8, 0.1, log=True),
-        "target_kl": trial.suggest_categorical("target_kl", [None, 0.01, 0.02, 0.05]),
+        "target_kl": trial.suggest_categorical("target_kl", TARGET_KLS),
     }
 
 
@@ -135,7 +141,7 @@ def _sample_objective(trial: optuna.Trial) -> dict[str, Any]:
     objective = trial.suggest_categorical("objective", ["clip", "kl", "clip+kl"])
     values: dict[str, Any] = {"clip_range": None, "kl_coef": 0.0, "kl_target": None}
     if "clip" in objective:
-        values["clip_range"] = trial.suggest_categorical("clip_range", [0.1, 0.2, 0.3, 0.4])
+        values["clip_range"] = trial.suggest_categorical("clip_range", CLIP_RANGES)
     if "kl" in objective:
         values["kl_coef"] = trial.suggest_float("kl_coef", 0.01, 10.0, log=True)
         if trial.suggest_categorical("kl_adaptive", [True, False]):
@@ -147,7 +153,7 @@ def _sample_value_loss(trial: optuna.Trial) -> dict[str, Any]:
     vf_clip = trial.suggest_categorical("vf_clip", ["none", "clipped", "max"])
     if vf_clip == "none":
         return {"clip_range_vf": None, "vf_clip_mode": "clipped"}
-    return {"clip_range_vf": trial.suggest_categorical("clip_range_vf", [0.1, 0.2, 0.5, 1.0, 10.0]), "vf_clip_mode": vf_clip}
+    return {"clip_range_vf": trial.suggest_categorical("clip_range_vf", CLIP_RANGES_VF), "vf_clip_mode": vf_clip}
 
 
 def _sample_policy(trial: optuna.Trial, continuous: bool) -> dict[str, Any]:
@@ -163,7 +169,7 @@ def _sample_policy(trial: optuna.Trial, continuous: bool) -> dict[str, Any]:
     exploration = trial.suggest_categorical("exploration", ["gaussian", "state_dependent_std", "gsde"])
     values: dict[str, Any] = {"use_sde": exploration == "gsde"}
     if exploration == "gsde":
-        values["sde_sample_freq"] = trial.suggest_categorical("sde_sample_freq", [-1, 4, 16])
+        values["sde_sample_freq"] = trial.suggest_categorical("sde_sample_freq", SDE_SAMPLE_FREQS)
     policy_kwargs["squash_output"] = squash
     policy_kwargs["state_dependent_std"] = exploration == "state_dependent_std"
     # Inside the default log_std_bounds (-5, 2) of the state-dependent std.
@@ -211,6 +217,118 @@ def _replay(params: dict[str, Any]) -> dict[str, Any]:
 def ppo_ext_kwargs_from_params(params: dict[str, Any]) -> dict[str, Any]:
     """PPOExt keyword arguments from a finished trial's ``params`` (e.g. ``study.best_trial.params``)."""
     return to_ppo_ext_kwargs(_replay(params))
+
+
+def _power_of_two(name: str, value: Any, low: int, high: int) -> int:
+    exponent = math.log2(value) if isinstance(value, int) and value > 0 else -1.0
+    if not exponent.is_integer() or not low <= exponent <= high:
+        raise ValueError(f"{name}={value!r} is not a power of 2 between {2**low} and {2**high}, which the search space needs")
+    return int(exponent)
+
+
+def _choice(name: str, value: Any, choices: list[Any]) -> Any:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of the search space's choices {choices}")
+    return value
+
+
+def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dict[str, Any]:
+    """
+    The inverse of the sampler: the trial ``params`` that reproduce a yml entry, e.g. to enqueue
+    the shipped settings as a study's first trial (``study.enqueue_trial(params)``), so that a
+    study starts from them and its best trial is never worse than them on its own measure.
+
+    Keys the space does not sample (``n_envs``, ``normalize``, ``vf_coef``, ...) are not
+    returned: rl-zoo3 keeps them from the entry. Values the sampler cannot produce are errors,
+    except ``ent_coef: 0.0``, which becomes the space's lower bound ``1e-8``.
+
+    :param entry: settings in rl-zoo3's yml form (``learning_rate: lin_0.001``, ``activation_fn: relu``)
+    :param continuous: whether the env's action space is ``Box``
+    :return: trial parameters; replaying them with :func:`convert_zoo_params` gives the entry's values
+    :raises ValueError: a value outside the search space (names the key, the value and what is allowed)
+    """
+    defaults = {"n_steps": 2048, "batch_size": 64, "n_epochs": 10, "gamma": 0.99, "gae_lambda": 0.95}
+    get = {**defaults, **entry}.get
+    learning_rate = get("learning_rate", 3e-4)
+    linear = isinstance(learning_rate, str) and learning_rate.startswith("lin_")
+    clip_range = get("clip_range", 0.2)
+    kl_coef = float(get("kl_coef", 0.0))
+    if clip_range is not None and not isinstance(clip_range, (int, float)):
+        raise ValueError(f"clip_range={clip_range!r}: the search space has constant clip ranges only")
+    params: dict[str, Any] = {
+        "n_steps_pow": _power_of_two("n_steps", get("n_steps"), 5, 11),
+        "batch_size_pow": _power_of_two("batch_size", get("batch_size"), 5, 9),
+        # Rounded: 1 - 0.9999 is 9.99999999999889e-05 in floating point, below the space's 1e-4.
+        "one_minus_gamma": round(1.0 - float(get("gamma")), 12),
+        "one_minus_gae_lambda": round(1.0 - float(get("gae_lambda")), 12),
+        "n_epochs": _choice("n_epochs", get("n_epochs"), N_EPOCHS),
+        "learning_rate": float(learning_rate[len("lin_") :]) if linear else float(learning_rate),
+        "lr_schedule": "linear" if linear else "constant",
+        "max_grad_norm": float(get("max_grad_norm", 0.5)),
+        "ent_coef": max(float(get("ent_coef", 0.0)), 1e-8),
+        "target_kl": _choice("target_kl", get("target_kl"), TARGET_KLS),
+        "objective": "+".join(name for name, on in (("clip", clip_range is not None), ("kl", kl_coef > 0)) if on),
+    }
+    if not params["objective"]:
+        raise ValueError("clip_range=None with kl_coef=0: the entry has no policy objective")
+    if clip_range is not None:
+        params["clip_range"] = _choice("clip_range", clip_range, CLIP_RANGES)
+    if kl_coef > 0:
+        params["kl_coef"] = kl_coef
+        params["kl_adaptive"] = get("kl_target") is not None
+        if params["kl_adaptive"]:
+            params["kl_target"] = float(get("kl_target"))
+    clip_range_vf = get("clip_range_vf")
+    params["vf_clip"] = "none" if clip_range_vf is None else get("vf_clip_mode", "clipped")
+    if clip_range_vf is not None:
+        params["clip_range_vf"] = _choice("clip_range_vf", clip_range_vf, CLIP_RANGES_VF)
+    policy_kwargs = dict(get("policy_kwargs") or {})
+    net_arch = policy_kwargs.get("net_arch", NET_ARCHS["small"])
+    names = [name for name, arch in NET_ARCHS.items() if arch == net_arch]
+    if not names:
+        raise ValueError(f"policy_kwargs.net_arch={net_arch!r} is not one of the search space's {NET_ARCHS}")
+    activation = activation_class(policy_kwargs.get("activation_fn", "tanh"))
+    params["net_arch"] = names[0]
+    params["activation_fn"] = _choice("activation_fn", activation.__name__.lower(), ["tanh", "relu"])
+    params["ortho_init"] = bool(policy_kwargs.get("ortho_init", True))
+    if not continuous:
+        return params
+    params["squash"] = bool(policy_kwargs.get("squash_output", True))
+    if get("use_sde", False):
+        params["exploration"] = "gsde"
+        params["sde_sample_freq"] = _choice("sde_sample_freq", get("sde_sample_freq", -1), SDE_SAMPLE_FREQS)
+    else:
+        params["exploration"] = "state_dependent_std" if policy_kwargs.get("state_dependent_std") else "gaussian"
+    params["log_std_init"] = float(policy_kwargs.get("log_std_init", 0.0))
+    if params["squash"]:
+        params["entropy_estimator"] = policy_kwargs.get("entropy_estimator") or "mc"
+    _check_in_space(params, continuous)
+    return params
+
+
+def _check_in_space(params: dict[str, Any], continuous: bool) -> None:
+    """Replay the sampler on a throwaway trial and check every value lies in its distribution."""
+    import optuna
+
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    study.enqueue_trial(params)
+    trial = study.ask()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Optuna warns about out-of-range fixed values; we raise below
+        sample_zoo_form(trial, continuous)
+    for name, distribution in trial.distributions.items():
+        value = params[name]
+        try:
+            contained = distribution._contains(distribution.to_internal_repr(value))
+        except ValueError:
+            contained = False
+        if not contained:
+            raise ValueError(f"{name}={value!r} is outside the search space's {distribution}")
 
 
 def sample_zoo_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:

@@ -124,7 +124,35 @@ def is_finished(spec: RunSpec) -> bool:
         marker = json.loads(spec.marker_path.read_text())
     except (OSError, ValueError):
         return False
-    return marker.get("budget") == spec.budget()
+    if marker.get("budget") != spec.budget():
+        return False
+    expected = expected_hyperparams(spec)
+    # A run whose yml entry or overrides changed since (e.g. an entry was tuned) is stale.
+    return expected is None or _comparable(marker.get("hyperparams") or {}) == expected
+
+
+def _comparable(hyperparams: dict[str, Any]) -> dict[str, str]:
+    """Hyperparameters as ``repr`` strings, without the budget (``n_timesteps``), as the marker records them."""
+    return {
+        key: value if isinstance(value, str) else repr(value) for key, value in hyperparams.items() if key != "n_timesteps"
+    }
+
+
+def expected_hyperparams(spec: RunSpec) -> dict[str, str] | None:
+    """
+    The settings ``spec`` would run with now (yml entry plus the variant's overrides), in the
+    marker's form; ``None`` when they cannot be determined up front (then only the budget counts).
+    """
+    zoo_algo, overrides, _ = ALGOS[spec.algo]
+    if zoo_algo == "ppo":
+        entry, _ = _stock_ppo_entry(spec.env)
+    else:
+        from sb3_ppo_ext.hyperparams import load_hyperparams
+
+        entry = load_hyperparams(spec.env)
+    if entry is None:
+        return None
+    return _comparable({key: repr(value) for key, value in {**entry, **_zoo_overrides(spec.env, overrides)}.items()})
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -138,27 +166,43 @@ def write_atomic(path: Path, text: str) -> None:
 # --- one run (in a worker process) -------------------------------------------------------------
 
 
+def _stock_ppo_entry(env_id: str) -> tuple[dict[str, Any] | None, str]:
+    """
+    rl-zoo3's ppo.yml entry for ``env_id``, or, for a ``-v5`` env without one, its ``-v4`` entry
+    (rl-zoo3 2.9.2 has MuJoCo entries for v4 only).
+
+    :return: the entry (None: none, rl-zoo3 decides) and where it comes from
+    """
+    import rl_zoo3
+    import yaml
+
+    entries = yaml.safe_load((Path(rl_zoo3.__file__).parent / "hyperparams" / "ppo.yml").read_text())
+    if env_id in entries:
+        return entries[env_id], f"rl_zoo3/hyperparams/ppo.yml: {env_id}"
+    name, _, version = env_id.rpartition("-v")
+    v4 = f"{name}-v4"
+    if version == "5" and v4 in entries:
+        return entries[v4], f"rl_zoo3/hyperparams/ppo.yml: {v4} (the v4 entry, applied to {env_id})"
+    return None, "rl_zoo3/hyperparams/ppo.yml: default"
+
+
 def _stock_ppo_config(env_id: str, folder: str) -> tuple[str | None, str]:
     """
-    rl-zoo3's ppo.yml for ``env_id``: the file itself, or, for a ``-v5`` env without an entry, a copy
-    of its ``-v4`` entry under the v5 id (rl-zoo3 2.9.2 has MuJoCo entries for v4 only).
+    The config file rl-zoo3 should read for stock PPO on ``env_id``: its own ppo.yml (None) or,
+    for a ``-v5`` env, a copy of the ``-v4`` entry under the v5 id in ``folder``.
 
     :return: the config path (None: rl-zoo3's default file) and the name of the entry used
     """
     import rl_zoo3
     import yaml
 
-    path = Path(rl_zoo3.__file__).parent / "hyperparams" / "ppo.yml"
-    entries = yaml.safe_load(path.read_text())
-    if env_id in entries:
-        return None, f"rl_zoo3/hyperparams/ppo.yml: {env_id}"
-    name, _, version = env_id.rpartition("-v")
-    v4 = f"{name}-v4"
-    if version == "5" and v4 in entries:
-        copy = Path(folder) / "ppo_v5_from_v4.yml"
-        copy.write_text(yaml.safe_dump({env_id: entries[v4]}))
-        return str(copy), f"rl_zoo3/hyperparams/ppo.yml: {v4} (the v4 entry, applied to {env_id})"
-    return None, "rl_zoo3/hyperparams/ppo.yml: default"
+    entries = yaml.safe_load((Path(rl_zoo3.__file__).parent / "hyperparams" / "ppo.yml").read_text())
+    entry, source = _stock_ppo_entry(env_id)
+    if entry is None or env_id in entries:
+        return None, source
+    copy = Path(folder) / "ppo_v5_from_v4.yml"
+    copy.write_text(yaml.safe_dump({env_id: entry}))
+    return str(copy), source
 
 
 def _zoo_overrides(env_id: str, overrides: dict[str, Any]) -> dict[str, Any]:

@@ -99,10 +99,37 @@ def test_changed_budget_is_not_finished(tmp_path):
     spec.stem.parent.mkdir(parents=True)
     spec.csv_path.write_text(",".join(benchmark.CSV_FIELDS) + "\n")
     assert not benchmark.is_finished(spec)
-    benchmark.write_atomic(spec.marker_path, json.dumps({"budget": spec.budget()}))
+    hyperparams = {"n_timesteps": "1000.0", **benchmark.expected_hyperparams(spec)}
+    benchmark.write_atomic(spec.marker_path, json.dumps({"budget": spec.budget(), "hyperparams": hyperparams}))
     assert benchmark.is_finished(spec)
     longer = benchmark.RunSpec("Pendulum-v1", "ppo", 0, 2000, 500, 2, str(tmp_path))
     assert not benchmark.is_finished(longer)
+
+
+def test_run_with_changed_settings_is_not_finished(tmp_path, monkeypatch):
+    """A run recorded with other settings than the yml entry (plus overrides) has now is rerun."""
+    spec = benchmark.RunSpec("Pendulum-v1", "ppo_ext_kl", 0, 1000, 500, 2, str(tmp_path))
+    spec.stem.parent.mkdir(parents=True)
+    spec.csv_path.write_text(",".join(benchmark.CSV_FIELDS) + "\n")
+    expected = benchmark.expected_hyperparams(spec)
+    # The shipped Pendulum entry with the KL variant's overrides, as rl-zoo3 records them.
+    assert expected["kl_coef"] == "1.0" and expected["clip_range"] == "None" and expected["n_envs"] == "4"
+    marker = {"budget": spec.budget(), "hyperparams": {**expected, "n_timesteps": "100000.0"}}
+    benchmark.write_atomic(spec.marker_path, json.dumps(marker))
+    assert benchmark.is_finished(spec)
+    for changed in ({**expected, "learning_rate": "0.0003"}, {**expected, "extra": "1"}, {}):
+        benchmark.write_atomic(spec.marker_path, json.dumps({**marker, "hyperparams": changed}))
+        assert not benchmark.is_finished(spec), changed
+    # The entry itself changes (as when it is tuned): the recorded run is stale.
+    benchmark.write_atomic(spec.marker_path, json.dumps(marker))
+    import sb3_ppo_ext.hyperparams as hp
+
+    tuned = tmp_path / "tuned.yml"
+    tuned.write_text("Pendulum-v1:\n  policy: 'MlpPolicy'\n  n_envs: 8\n")
+    monkeypatch.setattr(hp, "PPO_EXT_YML", tuned)
+    monkeypatch.setattr(hp.load_hyperparams, "__defaults__", (tuned,))
+    assert benchmark.expected_hyperparams(spec)["n_envs"] == "8"
+    assert not benchmark.is_finished(spec)
 
 
 def test_suite_matrix_gives_every_algorithm_the_same_seeds_and_budget():

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import gymnasium as gym
 import optuna
@@ -19,6 +22,7 @@ from sb3_ppo_ext.samplers import (
     activation_class,
     convert_zoo_params,
     make_storage,
+    params_from_zoo_entry,
     ppo_ext_kwargs_from_params,
     sample_ppo_ext_params,
     sample_zoo_form,
@@ -226,3 +230,100 @@ def test_importing_the_package_imports_neither_rl_zoo3_nor_optuna():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout == "[]\n"
+
+
+# --- entry -> trial params (warm-starting a study with the shipped entry) ----------------------
+
+# Every key the search space samples, in yml form (``policy_kwargs`` compared on its own).
+SAMPLED_KEYS = {"n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "learning_rate", "max_grad_norm", "ent_coef"}
+
+
+@pytest.mark.parametrize(
+    "env_id", ["Pendulum-v1", "LunarLanderContinuous-v3", "HalfCheetah-v5", "Hopper-v5", "LunarLander-v3", "default"]
+)
+def test_params_from_entry_replay_to_the_entry(env_id):
+    """The sampler, replayed on the inverse's params, gives back the entry's own values."""
+    entry = _yml_entries()[env_id]
+    continuous = env_id != "LunarLander-v3"
+    replayed = convert_zoo_params(params_from_zoo_entry(entry, continuous=continuous))
+    for key in SAMPLED_KEYS & set(entry):
+        expected = max(entry[key], 1e-8) if key == "ent_coef" else entry[key]
+        assert replayed[key] == pytest.approx(expected, rel=1e-12), key
+    assert replayed["clip_range"] == entry.get("clip_range", 0.2)
+    assert replayed["kl_coef"] == entry.get("kl_coef", 0.0)
+    assert replayed["clip_range_vf"] is None and replayed.get("use_sde", False) == entry.get("use_sde", False)
+    if entry.get("use_sde"):
+        assert replayed["sde_sample_freq"] == entry["sde_sample_freq"]
+    shipped_policy = entry.get("policy_kwargs") or {}
+    for key, value in shipped_policy.items():
+        assert replayed["policy_kwargs"][key] == value, key
+    assert replayed["policy_kwargs"]["net_arch"] == shipped_policy.get("net_arch", dict(pi=[64, 64], vf=[64, 64]))
+    if continuous:
+        assert replayed["policy_kwargs"]["squash_output"] is True
+
+
+def test_params_from_entry_covers_penalty_and_value_clip():
+    entry = {
+        "clip_range": None,
+        "kl_coef": 0.5,
+        "kl_target": 0.01,
+        "clip_range_vf": 0.2,
+        "vf_clip_mode": "max",
+        "learning_rate": "lin_0.0003",
+        "policy_kwargs": {"state_dependent_std": True, "entropy_estimator": "gaussian"},
+    }
+    params = params_from_zoo_entry(entry)
+    assert params["objective"] == "kl" and params["kl_adaptive"] is True and params["vf_clip"] == "max"
+    replayed = convert_zoo_params(params)
+    for key in ("clip_range", "kl_coef", "kl_target", "clip_range_vf", "vf_clip_mode", "learning_rate"):
+        assert replayed[key] == entry[key], key
+    assert replayed["policy_kwargs"]["state_dependent_std"] is True
+    assert replayed["policy_kwargs"]["entropy_estimator"] == "gaussian"
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ({"n_steps": 8}, "n_steps=8 is not a power of 2"),
+        ({"clip_range": 0.18}, "clip_range=0.18 is not one of"),
+        ({"clip_range": "lin_0.2"}, "constant clip ranges only"),
+        ({"learning_rate": 0.5}, "learning_rate=0.5 is outside"),
+        ({"gamma": 0.5}, "one_minus_gamma=0.5 is outside"),
+        ({"clip_range": None}, "no policy objective"),
+        ({"policy_kwargs": {"net_arch": [32]}}, "net_arch=[32]"),
+    ],
+)
+def test_params_from_entry_rejects_values_outside_the_space(entry, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        params_from_zoo_entry(entry)
+
+
+def test_zoo_study_seeds_the_shipped_entry_and_writes_a_tuned_entry(tmp_path):
+    """``scripts/zoo_study.py``: the shipped entry is trial 0 (once), the best trial becomes a loadable entry."""
+    from sb3_ppo_ext.hyperparams import load_hyperparams
+
+    spec = importlib.util.spec_from_file_location(
+        "zoo_study", Path(__file__).resolve().parents[1] / "scripts" / "zoo_study.py"
+    )
+    zoo_study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(zoo_study)
+    storage = str(tmp_path / "study.log")
+    study = zoo_study.seed_study("Pendulum-v1", storage, "s")
+    zoo_study.seed_study("Pendulum-v1", storage, "s")  # idempotent
+    assert len(study.trials) == 1
+    shipped = load_hyperparams("Pendulum-v1")
+    first = study.ask()
+    settings = sample_zoo_form(first, continuous=True)
+    assert settings["gamma"] == pytest.approx(shipped["gamma"]) and settings["n_steps"] == shipped["n_steps"]
+    study.tell(first, -300.0)
+    second = study.ask()
+    sample_zoo_form(second, continuous=True)
+    study.tell(second, -150.0)
+    text = zoo_study.entry_yaml("Pendulum-v1", study, "python -m rl_zoo3.train --algo ppo_ext -optimize")
+    assert text.startswith("# Tuned: best of 2 complete trials of study 's': trial 1, -150.0")
+    assert "trial 0: -300.0" in text and "study command: python -m rl_zoo3.train" in text
+    written = tmp_path / "tuned.yml"
+    written.write_text(text)
+    entry = load_hyperparams("Pendulum-v1", written)
+    assert entry == {**shipped, **convert_zoo_params(study.best_trial.params)}
+    assert entry["n_envs"] == shipped["n_envs"]  # not sampled: kept from the shipped entry

@@ -1,0 +1,115 @@
+"""Start and read out rl-zoo3 ``-optimize`` studies of PPOExt.
+
+``seed`` creates the study (direction "maximize", as rl-zoo3 creates it) and enqueues the shipped
+``ppo_ext.yml`` entry as its first trial, so the study starts from the shipped settings and its
+best trial is never worse than them on the study's own measure. Then run rl-zoo3's workers on the
+same storage and study name (any number, on any machines for a database storage). ``best`` prints
+the best trial as a ``ppo_ext.yml`` entry marked ``# Tuned`` with the study command, next to the
+shipped entry's own result in the same study.
+
+    python scripts/zoo_study.py seed --env LunarLanderContinuous-v3 --storage logs/ll.log --study-name ppo_ext-ll
+    python -m rl_zoo3.train --algo ppo_ext --env LunarLanderContinuous-v3 -optimize --n-trials 8 \\
+        -n 300000 --storage logs/ll.log --study-name ppo_ext-ll        # one or more workers
+    python scripts/zoo_study.py best --env LunarLanderContinuous-v3 --storage logs/ll.log --study-name ppo_ext-ll \\
+        --command "python -m rl_zoo3.train --algo ppo_ext ... -optimize ..."
+
+A tuned entry is the shipped entry with the trial's sampled settings on top, exactly what
+rl-zoo3 trained in that trial (it keeps the keys the space does not sample, such as ``n_envs``,
+``normalize`` and ``vf_coef``, from the entry).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import optuna
+import yaml
+
+from sb3_ppo_ext.hyperparams import PPO_EXT_YML, load_hyperparams
+from sb3_ppo_ext.samplers import convert_zoo_params, make_storage, params_from_zoo_entry
+
+SHIPPED_ATTR = "shipped_entry"
+
+
+def _is_continuous(env_id: str) -> bool:
+    import gymnasium as gym
+
+    env = gym.make(env_id)
+    try:
+        return isinstance(env.action_space, gym.spaces.Box)
+    finally:
+        env.close()
+
+
+def seed_study(env_id: str, storage: str, study_name: str, entry: dict[str, Any] | None = None) -> optuna.Study:
+    """
+    Create (or open) the study and enqueue the entry's settings once (a second call enqueues nothing).
+
+    :param env_id: gymnasium env id (its ``ppo_ext.yml`` entry is the starting point)
+    :param storage: Optuna storage URL or journal file path, as rl-zoo3's ``--storage`` takes it
+    :param study_name: the study's name, as rl-zoo3's ``--study-name`` takes it
+    :param entry: settings to enqueue instead of the shipped entry
+    :return: the study
+    """
+    entry = load_hyperparams(env_id) if entry is None else entry
+    params = params_from_zoo_entry(entry, continuous=_is_continuous(env_id))
+    study = optuna.create_study(
+        storage=make_storage(storage), study_name=study_name, direction="maximize", load_if_exists=True
+    )
+    study.enqueue_trial(params, user_attrs={SHIPPED_ATTR: True}, skip_if_exists=True)
+    return study
+
+
+def tuned_entry(env_id: str, trial: optuna.trial.FrozenTrial, entry: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The yml entry that reproduces ``trial``: the shipped entry with the trial's settings on top."""
+    entry = load_hyperparams(env_id) if entry is None else entry
+    return {**entry, **convert_zoo_params(trial.params)}
+
+
+def describe(study: optuna.Study) -> tuple[optuna.trial.FrozenTrial, optuna.trial.FrozenTrial | None, int]:
+    """The best complete trial, the shipped entry's trial (if it completed) and the complete-trial count."""
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if not complete:
+        raise SystemExit(f"study {study.study_name!r} has no complete trial yet")
+    shipped = [t for t in complete if t.user_attrs.get(SHIPPED_ATTR)]
+    return max(complete, key=lambda t: t.value), (shipped[0] if shipped else None), len(complete)
+
+
+def entry_yaml(env_id: str, study: optuna.Study, command: str | None) -> str:
+    """The ``# Tuned`` yml block for ``env_id`` from the study's best trial."""
+    best, shipped, n_complete = describe(study)
+    lines = [
+        f"# Tuned: best of {n_complete} complete trials of study {study.study_name!r}: trial {best.number}, {best.value:.1f}"
+    ]
+    if shipped is not None:
+        lines.append(f"#   (the previous shipped entry, enqueued as trial {shipped.number}: {shipped.value:.1f})")
+    if command:
+        lines.append(f"#   study command: {command}")
+    block = yaml.safe_dump({env_id: tuned_entry(env_id, best)}, sort_keys=False, default_flow_style=False)
+    return "\n".join(lines) + "\n" + block
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=["seed", "best"])
+    parser.add_argument("--env", required=True)
+    parser.add_argument("--storage", required=True, help="as rl-zoo3's --storage: database URL or journal file")
+    parser.add_argument("--study-name", required=True)
+    parser.add_argument("--command", help="the study command to record in the # Tuned comment")
+    args = parser.parse_args(argv)
+    if args.action == "seed":
+        study = seed_study(args.env, args.storage, args.study_name)
+        waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+        print(
+            f"study {args.study_name!r}: {len(study.trials)} trials, {len(waiting)} waiting (shipped {PPO_EXT_YML.name} entry)"
+        )
+        return 0
+    study = optuna.load_study(study_name=args.study_name, storage=make_storage(args.storage))
+    sys.stdout.write(entry_yaml(args.env, study, args.command))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
