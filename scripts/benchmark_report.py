@@ -32,6 +32,8 @@ from scipy import stats
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmark import ALGOS, SUITES
 
+from sb3_ppo_ext.hyperparams import PPO_EXT_YML
+
 STOCK = "ppo"
 CONFIDENCE = 0.95
 N_RESAMPLES = 10_000
@@ -367,6 +369,35 @@ def setup_section(runs: dict[str, dict[str, list[Run]]]) -> list[str]:
     return lines
 
 
+def tuned_comments(path: Path) -> dict[str, list[str]]:
+    """
+    The ``# Tuned`` comment block written above each tuned entry of a yml file (see
+    ``scripts/zoo_study.py best``), by env id, without the leading ``#``.
+    """
+    found: dict[str, list[str]] = {}
+    block: list[str] = []
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            block.append(line.lstrip("#").strip())
+            continue
+        top_level_key = line[:1].strip() and line.rstrip().endswith(":")
+        if top_level_key and block and block[0].startswith("Tuned"):
+            found[line.rstrip()[:-1].strip("'\"")] = block
+        block = []
+    return found
+
+
+def tuning_section(suite: str, yml: Path) -> list[str]:
+    """Which suite entries of the shipped yml are tuned, and by which study."""
+    tuned = tuned_comments(yml)
+    lines = ["| env | shipped `ppo_ext.yml` entry |", "|---|---|"]
+    for budget in SUITES[suite]:
+        comment = tuned.get(budget.env)
+        text = "<br>".join(comment) if comment else "not tuned: the starting point (rl-zoo3's `ppo.yml` settings)"
+        lines.append(f"| {budget.env} | {text} |")
+    return lines
+
+
 def build_report(
     runs: dict[str, dict[str, list[Run]]],
     out_md: Path,
@@ -375,6 +406,7 @@ def build_report(
     throughput: dict[str, Any] | None = None,
     gpu_note: str = "",
     notes: str = "",
+    yml: Path | None = None,
 ) -> dict[str, list[Summary]]:
     """Write the markdown report and the PNGs; return the summaries by env."""
     summaries: dict[str, list[Summary]] = {}
@@ -430,6 +462,8 @@ def build_report(
     throughput_lines, ratios = throughput_section(throughput)
     lines += ["## Throughput: PPOExt ÷ stock PPO under identical hyperparameters", "", *throughput_lines, ""]
     lines += ["## Targets", "", *targets_section(suite, summaries, ratios), ""]
+    if yml is not None:
+        lines += ["## Tuning", "", *tuning_section(suite, yml), ""]
     lines += ["## GPU check", "", gpu_note or "Not run: no CUDA machine was available when this report was built.", ""]
     if notes:
         lines += ["## Findings", "", notes.strip(), ""]
@@ -477,6 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suite", choices=sorted(SUITES), default="issue", help="the suite the coverage and targets refer to")
     parser.add_argument("--gpu-note", default="", help="what the GPU check found (default: not run, no CUDA machine)")
     parser.add_argument("--notes", help="markdown file with findings, included as they are")
+    parser.add_argument("--yml", default=str(PPO_EXT_YML), help="the shipped ppo_ext.yml (its # Tuned entries are listed)")
     args = parser.parse_args(argv)
     runs = load_runs(Path(args.results))
     if not runs:
@@ -486,7 +521,16 @@ def main(argv: list[str] | None = None) -> int:
     notes = Path(args.notes).read_text() if args.notes else ""
     if args.keep_data:
         keep_data(runs, Path(args.keep_data))
-    summaries = build_report(runs, Path(args.out), Path(args.figures), args.suite, throughput, args.gpu_note, notes)
+    summaries = build_report(
+        runs,
+        Path(args.out),
+        Path(args.figures),
+        args.suite,
+        throughput,
+        args.gpu_note,
+        notes,
+        Path(args.yml) if args.yml else None,
+    )
     for env, env_summaries in summaries.items():
         for s in env_summaries:
             print(f"{env} {s.algo}: IQM {s.iqm:.1f} [{s.ci[0]:.1f}, {s.ci[1]:.1f}] over {len(s.seeds)} seeds")

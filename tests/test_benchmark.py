@@ -316,3 +316,27 @@ def test_throughput_verdict_needs_medians_and_best_runs_to_agree():
     assert "| PPOExt, squash on (all diagnostics on) | inconclusive (medians and best runs disagree) | 1.020" in text
     assert "| PPOExt, squash off (all diagnostics on) | met | 0.990" in text
     assert "| Pendulum-v1 | not measured yet |" in text
+
+
+def test_report_lists_tuned_entries(tmp_path):
+    yml = tmp_path / "ppo_ext.yml"
+    yml.write_text(
+        "# --- a section comment ---\n\n"
+        "Pendulum-v1:\n  n_envs: 4\n\n"
+        "# Tuned: best of 12 complete trials of study 'llc': trial 7, 231.0\n"
+        "#   study command: python -m rl_zoo3.train --algo ppo_ext -optimize\n"
+        "LunarLanderContinuous-v3:\n  n_envs: 16\n  policy_kwargs:\n    net_arch: [64]\n"
+        "# Tuned but not right above an entry\n\nHopper-v5:\n  n_envs: 1\n"
+    )
+    assert report.tuned_comments(yml) == {
+        "LunarLanderContinuous-v3": [
+            "Tuned: best of 12 complete trials of study 'llc': trial 7, 231.0",
+            "study command: python -m rl_zoo3.train --algo ppo_ext -optimize",
+        ]
+    }
+    lines = report.tuning_section("issue", yml)
+    assert (
+        "| LunarLanderContinuous-v3 | Tuned: best of 12 complete trials of study 'llc': trial 7, 231.0<br>study command:"
+        in ("\n".join(lines))
+    )
+    assert "| Hopper-v5 | not tuned" in "\n".join(lines) and "| Pendulum-v1 | not tuned" in "\n".join(lines)
