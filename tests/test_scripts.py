@@ -1,6 +1,8 @@
 """The scripts in scripts/ run (their full runs are benchmarks, not tests)."""
 
+import json
 import runpy
+import statistics
 from pathlib import Path
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
@@ -13,3 +15,24 @@ def test_gpu_check_self_check_on_cpu(capsys):
     assert gpu_check["check"]("t", env_id, kwargs, "cpu", 1e-6)
     out = capsys.readouterr().out
     assert "kl_penalty" in out and "MISMATCH" not in out
+
+
+def test_throughput_json_is_cpu_time_based_and_read_by_the_report(tmp_path, capsys):
+    """A tiny throughput.py run: CPU-time headline, wall clock beside it, and the keys benchmark_report.py reads."""
+    throughput = runpy.run_path(str(SCRIPTS / "throughput.py"))
+    path = tmp_path / "throughput.json"
+    argv = ["--steps", "64", "--n-envs", "2", "--n-steps", "32", "--n-epochs", "1", "--repeats", "2", "--warmup", "0"]
+    result = throughput["main"]([*argv, "--json", str(path)])
+    saved = json.loads(path.read_text())
+    assert saved == json.loads(json.dumps(result))
+    assert saved["clock"] == "process_time" and saved["hyperparams"]["n_steps"] == 32
+    stock = saved["variants"]["stock PPO"]
+    assert stock["ratio_of_medians"] == stock["ratio_of_bests"] == stock["median_of_paired_ratios"] == 1.0
+    for entry in saved["variants"].values():
+        assert len(entry["fps"]) == len(entry["wall"]["fps"]) == 2
+        assert entry["best"] == max(entry["fps"]) and entry["median"] == statistics.median(entry["fps"])
+        assert entry["wall"]["best"] == max(entry["wall"]["fps"])
+    report = runpy.run_path(str(SCRIPTS / "benchmark_report.py"))
+    lines, ratios = report["throughput_section"](saved)
+    assert set(ratios) >= {"PPOExt, squash on", "PPOExt, squash off (best)"}
+    assert "process CPU time" in capsys.readouterr().out and lines
