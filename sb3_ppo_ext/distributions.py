@@ -24,9 +24,9 @@ from stable_baselines3.common.distributions import (
 from torch import nn
 from torch.distributions import Bernoulli, Categorical, Normal
 from torch.distributions import kl_divergence as th_kl_divergence
-from torch.nn import functional as F
 
 ENTROPY_ESTIMATORS = ("sample", "gaussian", "mc")
+_TWO_LOG_TWO = 2.0 * math.log(2.0)
 
 
 def log_tanh_jacobian(u: th.Tensor) -> th.Tensor:
@@ -34,13 +34,23 @@ def log_tanh_jacobian(u: th.Tensor) -> th.Tensor:
     Element-wise ``log(1 - tanh(u)^2)``, computed stably.
 
     ``1 - tanh(u)^2`` underflows to 0 in float32 for ``|u| > ~9``; the identity
-    ``log(1 - tanh(u)^2) = 2 * (log(2) - u - softplus(-2u))`` stays finite for any finite ``u``.
+    ``log(1 - tanh(u)^2) = 2 * (log(2) - log(exp(u) + exp(-u)))`` stays finite for any finite ``u``
+    (``logaddexp`` is computed as ``|u| + log1p(exp(-2|u|))``).
 
     :param u: pre-squash values
     :return: ``log(1 - tanh(u)^2)``, same shape as ``u``
     """
-    minus_two_u = -2.0 * u
-    return (2.0 * math.log(2.0) + minus_two_u) - 2.0 * F.softplus(minus_two_u)
+    return _TWO_LOG_TWO - 2.0 * th.logaddexp(u, -u)
+
+
+def log_tanh_jacobian_sum(u: th.Tensor) -> th.Tensor:
+    """
+    ``log_tanh_jacobian(u).sum(dim=-1)`` with fewer tensor operations (the constant is added once).
+
+    :param u: pre-squash values, action dimensions last
+    :return: ``sum_i log(1 - tanh(u_i)^2)``, shape ``u.shape[:-1]``
+    """
+    return (_TWO_LOG_TWO * u.shape[-1]) - 2.0 * th.logaddexp(u, -u).sum(dim=-1)
 
 
 class TanhSquashedDistribution(Distribution):
@@ -93,7 +103,10 @@ class TanhSquashedDistribution(Distribution):
         :param actions: pre-squash values ``u`` (what the rollout buffer stores)
         :return: log-density of the environment action, summed over action dimensions
         """
-        return self.base.log_prob(actions) - log_tanh_jacobian(actions).sum(dim=-1) - self.log_half_range_sum
+        # log N(u) - sum(2 log 2 - 2 logaddexp(u, -u)) - log_half_range_sum, constants folded into one.
+        log_cosh_sum = th.logaddexp(actions, -actions).sum(dim=-1)
+        constant = _TWO_LOG_TWO * actions.shape[-1] + self.log_half_range_sum
+        return self.base.log_prob(actions).add(log_cosh_sum, alpha=2.0) - constant
 
     def entropy(self) -> th.Tensor | None:
         if self.entropy_estimator == "sample":
@@ -103,7 +116,7 @@ class TanhSquashedDistribution(Distribution):
         if self.entropy_estimator == "gaussian":
             return gaussian_entropy
         u = gaussian.rsample()
-        return gaussian_entropy + log_tanh_jacobian(u).sum(dim=-1) + self.log_half_range_sum
+        return gaussian_entropy + (log_tanh_jacobian_sum(u) + self.log_half_range_sum)
 
     def sample(self) -> th.Tensor:
         return self.base.sample()
@@ -207,6 +220,39 @@ def analytic_kl(p: list[th.distributions.Distribution], q: list[th.distributions
     return total
 
 
+def _normal_kl(p_loc: th.Tensor, p_scale: th.Tensor, q_loc: th.Tensor, q_scale: th.Tensor) -> th.Tensor:
+    """``torch.distributions.kl._kl_normal_normal`` written on the parameters (same operations)."""
+    var_ratio = (p_scale / q_scale).pow(2)
+    t1 = ((p_loc - q_loc) / q_scale).pow(2)
+    return 0.5 * (var_ratio + t1 - 1 - var_ratio.log())
+
+
+def indexed_analytic_kl(
+    p: list[th.distributions.Distribution], index: th.Tensor | slice, q: list[th.distributions.Distribution]
+) -> th.Tensor:
+    """
+    ``analytic_kl([index_distribution(d, index) for d in p], q)``: the KL of the rows ``index`` of
+    ``p`` to ``q``, without building the indexed distributions for Gaussian pairs (what PPOExt's KL
+    penalty needs on every minibatch).
+
+    :param p: e.g. the old policy's distributions on the whole rollout
+    :param index: rows of ``p`` that ``q`` was evaluated on
+    :param q: e.g. the new policy's distributions on the minibatch
+    :return: tensor of shape ``(batch,)``
+    """
+    total = None
+    for p_i, q_i in zip(p, q, strict=True):
+        if type(p_i) is Normal and type(q_i) is Normal:
+            kl = _normal_kl(p_i.loc[index], p_i.scale[index], q_i.loc, q_i.scale)
+        else:
+            kl = th_kl_divergence(index_distribution(p_i, index), q_i)
+        if kl.dim() > 1:
+            kl = kl.flatten(start_dim=1).sum(dim=1)
+        total = kl if total is None else total + kl
+    assert total is not None
+    return total
+
+
 def mean_std(dists: list[th.distributions.Distribution]) -> float | None:
     """Mean standard deviation of Gaussian distributions (``None`` for discrete ones)."""
     scales = [d.scale for d in dists if isinstance(d, Normal)]
@@ -224,6 +270,16 @@ def rescale_tanh(u: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray
     bounds, asymmetric bounds included.
     """
     low64, high64 = low.astype(np.float64), high.astype(np.float64)
-    squashed = np.tanh(np.asarray(u, dtype=np.float64))
-    actions = np.clip(low64 + 0.5 * (squashed + 1.0) * (high64 - low64), low64, high64)
-    return actions.astype(low.dtype)
+    return rescale_tanh64(u, low64, high64, high64 - low64, low.dtype)
+
+
+def rescale_tanh64(u: np.ndarray, low64: np.ndarray, high64: np.ndarray, range64: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """
+    :func:`rescale_tanh` with the float64 bounds and ``range64 = high64 - low64`` precomputed
+    (the policy caches them): the same arithmetic, bit for bit, without the per-call conversions.
+    """
+    actions = low64 + 0.5 * (np.tanh(np.asarray(u, dtype=np.float64)) + 1.0) * range64
+    # np.maximum/np.minimum: the same result as np.clip (NaN included) at a fraction of its call overhead.
+    np.maximum(actions, low64, out=actions)
+    np.minimum(actions, high64, out=actions)
+    return actions.astype(dtype)

@@ -15,7 +15,7 @@ from stable_baselines3.common.torch_layers import CombinedExtractor, NatureCNN
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
 
-from sb3_ppo_ext.distributions import ENTROPY_ESTIMATORS, TanhSquashedDistribution, rescale_tanh
+from sb3_ppo_ext.distributions import ENTROPY_ESTIMATORS, TanhSquashedDistribution, rescale_tanh64
 
 DEFAULT_LOG_STD_BOUNDS = (-5.0, 2.0)
 DEFAULT_ENTROPY_ESTIMATOR = "mc"
@@ -191,7 +191,7 @@ class PPOExtActorCriticPolicy(ActorCriticPolicy):
         return self.mlp_extractor.forward_actor(pi_features), self.mlp_extractor.forward_critic(vf_features)
 
     def evaluate_actions_and_distribution(
-        self, obs: PyTorchObs, actions: th.Tensor
+        self, obs: PyTorchObs, actions: th.Tensor, entropy_requires_grad: bool = True
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Distribution]:
         """
         ``evaluate_actions`` that also returns the action distribution, so that PPOExt can
@@ -199,12 +199,21 @@ class PPOExtActorCriticPolicy(ActorCriticPolicy):
 
         :param obs: Observation
         :param actions: Actions as stored in the rollout buffer (pre-squash for the squashed head)
+        :param entropy_requires_grad: ``False`` computes the entropy outside the autograd graph
+            (same value, same random draws for the ``"mc"`` estimator): for a caller that only logs
+            it, e.g. PPOExt with ``ent_coef == 0``
         :return: estimated value, log likelihood of the actions, entropy (``None`` when it is
             to be estimated from samples) and the action distribution
         """
         latent_pi, latent_vf = self._latents(obs)
         distribution = self._get_action_dist_from_latent(latent_pi)
-        return self.value_net(latent_vf), distribution.log_prob(actions), distribution.entropy(), distribution
+        values, log_prob = self.value_net(latent_vf), distribution.log_prob(actions)
+        if entropy_requires_grad:
+            entropy = distribution.entropy()
+        else:
+            with th.no_grad():
+                entropy = distribution.entropy()
+        return values, log_prob, entropy, distribution
 
     def evaluate_actions(self, obs: PyTorchObs, actions: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:
         values, log_prob, entropy, _ = self.evaluate_actions_and_distribution(obs, actions)
@@ -220,8 +229,14 @@ class PPOExtActorCriticPolicy(ActorCriticPolicy):
         """
         if not self.squash_output:
             return super().unscale_action(scaled_action)
-        assert isinstance(self.action_space, spaces.Box)
-        return rescale_tanh(scaled_action, self.action_space.low, self.action_space.high)
+        space = self.action_space
+        assert isinstance(space, spaces.Box)
+        # float64 bounds converted once per action space, not at every env step.
+        cache = getattr(self, "_rescale_cache", None)
+        if cache is None or cache[0] is not space:
+            low64, high64 = space.low.astype(np.float64), space.high.astype(np.float64)
+            cache = self._rescale_cache = (space, low64, high64, high64 - low64, space.low.dtype)
+        return rescale_tanh64(scaled_action, *cache[1:])
 
     def scale_action(self, action: np.ndarray) -> np.ndarray:
         """

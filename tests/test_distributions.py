@@ -18,8 +18,12 @@ from torch.distributions import AffineTransform, Normal, TanhTransform, Transfor
 from sb3_ppo_ext.distributions import (
     TanhSquashedDistribution,
     analytic_kl,
+    index_distribution,
+    indexed_analytic_kl,
     log_tanh_jacobian,
+    log_tanh_jacobian_sum,
     rescale_tanh,
+    rescale_tanh64,
     torch_distributions,
 )
 
@@ -178,3 +182,103 @@ def test_actions_from_params_pass_deterministic_to_sampling_only():
     assert th.equal(actions, mean)
     actions, log_prob = dist.log_prob_from_params(mean, th.zeros(1), deterministic=True)
     assert th.allclose(log_prob, dist.log_prob(mean))
+
+
+def test_log_tanh_jacobian_sum_value_and_gradient():
+    """The fused sum against the naive formula (value) and d/du log(1 - tanh(u)^2) = -2 tanh(u) (gradient)."""
+    u = th.linspace(-6, 6, 40, dtype=th.float64).reshape(10, 4).requires_grad_()
+    total = log_tanh_jacobian_sum(u)
+    assert total.shape == (10,)
+    assert th.allclose(total, th.log(1 - th.tanh(u) ** 2).sum(dim=-1), atol=1e-10)
+    (grad,) = th.autograd.grad(total.sum(), u)
+    assert th.allclose(grad, -2 * th.tanh(u.detach()), atol=1e-12)
+    # Saturated float32 values: finite, and the gradient is -2 sign(u).
+    big = th.tensor([[-1e4, 50.0, 0.0]], requires_grad=True)
+    value = log_tanh_jacobian_sum(big)
+    assert th.isfinite(value).all()
+    assert value.item() == pytest.approx(3 * 2 * math.log(2) - 2 * (1e4 + 50 + math.log(2)), rel=1e-6)
+    (grad,) = th.autograd.grad(value.sum(), big)
+    assert th.equal(grad, th.tensor([[2.0, -2.0, 0.0]]))
+
+
+def test_squashed_log_prob_is_the_change_of_variables_formula_with_its_gradient():
+    """log N(u) - sum log(1 - tanh^2 u) - sum log(half range), written out naively in float64, value and gradient."""
+    th.manual_seed(1)
+    mean = th.randn(16, 3, dtype=th.float64, requires_grad=True)
+    log_std = th.randn(3, dtype=th.float64, requires_grad=True)
+    u = 3 * th.randn(16, 3, dtype=th.float64)
+    low, high = np.array([-1.0, 0.0, -3.0]), np.array([2.0, 0.5, 3.0])
+    ours = squashed(mean, log_std, low, high).log_prob(u)
+    normal = -0.5 * ((u - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
+    naive = (normal - th.log(1 - th.tanh(u) ** 2)).sum(dim=-1) - float(np.log((high - low) / 2).sum())
+    assert th.allclose(ours, naive, atol=1e-9)
+    weights = th.randn(16, dtype=th.float64)
+    grads = th.autograd.grad((ours * weights).sum(), (mean, log_std))
+    expected = th.autograd.grad((naive * weights).sum(), (mean, log_std))
+    for got, want in zip(grads, expected, strict=True):
+        assert th.allclose(got, want, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "categorical", "multicategorical"])
+def test_indexed_analytic_kl_matches_kl_of_indexed_distributions(kind):
+    """The minibatch KL (rows of pi_old against pi_new) equals torch's kl_divergence on the indexed rows, with gradients."""
+    th.manual_seed(2)
+    n, index = 32, th.tensor([5, 0, 31, 7, 7, 12])
+    if kind == "gaussian":
+        old = [Normal(th.randn(n, 2), th.rand(n, 2) + 0.1)]
+        params = (th.randn(6, 2, requires_grad=True), th.randn(6, 2, requires_grad=True))
+        new = [Normal(params[0], params[1].exp())]
+    elif kind == "categorical":
+        old = [th.distributions.Categorical(logits=th.randn(n, 4))]
+        params = (th.randn(6, 4, requires_grad=True),)
+        new = [th.distributions.Categorical(logits=params[0])]
+    else:
+        old = [th.distributions.Categorical(logits=th.randn(n, k)) for k in (3, 5)]
+        params = (th.randn(6, 3, requires_grad=True), th.randn(6, 5, requires_grad=True))
+        new = [th.distributions.Categorical(logits=p) for p in params]
+    ours = indexed_analytic_kl(old, index, new)
+    expected = sum(
+        th.distributions.kl_divergence(
+            type(d)(logits=d.logits[index]) if not isinstance(d, Normal) else Normal(d.loc[index], d.scale[index]), q
+        )
+        .reshape(6, -1)
+        .sum(dim=1)
+        for d, q in zip(old, new, strict=True)
+    )
+    assert ours.shape == (6,)
+    assert th.allclose(ours, expected, atol=1e-6)
+    assert th.allclose(ours, analytic_kl([index_distribution(d, index) for d in old], new), atol=1e-6)
+    got = th.autograd.grad(ours.sum(), params, retain_graph=True)
+    want = th.autograd.grad(expected.sum(), params)
+    for g, w in zip(got, want, strict=True):
+        assert th.allclose(g, w, atol=1e-6)
+
+
+def test_rescale_tanh64_is_bit_identical_to_the_clipped_float64_formula():
+    rng = np.random.default_rng(3)
+    low, high = np.array([-2.0, 0.0, -1e-3], dtype=np.float32), np.array([2.0, 0.25, 5.0], dtype=np.float32)
+    u = (rng.standard_normal((5000, 3)) * 8).astype(np.float32)
+    u[0] = [np.nan, np.inf, -np.inf]
+    low64, high64 = low.astype(np.float64), high.astype(np.float64)
+    expected = np.clip(low64 + 0.5 * (np.tanh(u.astype(np.float64)) + 1.0) * (high64 - low64), low64, high64)
+    expected = expected.astype(np.float32)
+    ours = rescale_tanh64(u, low64, high64, high64 - low64, low.dtype)
+    assert ours.dtype == np.float32
+    np.testing.assert_array_equal(ours, expected)
+    np.testing.assert_array_equal(rescale_tanh(u, low, high), expected)
+    assert np.isnan(ours[0, 0]) and ours[0, 1] == high[1] and ours[0, 2] == low[2]
+
+
+def test_entropy_without_grad_is_the_same_estimate_from_the_same_draws():
+    """What PPOExt computes for logging with ent_coef == 0: no graph, same value, same RNG consumption."""
+    mean, log_std = th.randn(64, 2, requires_grad=True), th.zeros(2, requires_grad=True)
+    dist = squashed(mean, log_std, [-1, -1], [1, 1], dtype=th.float32)
+    th.manual_seed(4)
+    with_grad = dist.entropy()
+    state_after_grad = th.get_rng_state()
+    th.manual_seed(4)
+    with th.no_grad():
+        without_grad = dist.entropy()
+    assert with_grad.requires_grad and not without_grad.requires_grad
+    assert th.equal(with_grad.detach(), without_grad)
+    assert th.equal(th.get_rng_state(), state_after_grad)
