@@ -31,7 +31,7 @@ from sb3_ppo_ext.distributions import (
     analytic_kl,
     concat_distributions,
     detach_distributions,
-    index_distribution,
+    indexed_analytic_kl,
     mean_std,
     torch_distributions,
 )
@@ -78,30 +78,60 @@ def _index_observations(obs: PyTorchObs, index: th.Tensor | slice) -> PyTorchObs
 
 
 class _UpdateStats:
-    """Sample-weighted means (and extremes) of per-minibatch diagnostics over a whole update."""
+    """
+    Sample-weighted means (and extremes) of per-minibatch diagnostics over a whole update.
+
+    Per minibatch, the scalars of one ``add_mean`` call are stacked into one tensor and kept; the
+    weighted means are reduced once, when first read (one tensor op per minibatch instead of two
+    per diagnostic, and no host sync). Extremes keep the tensors and reduce them when read.
+    """
 
     def __init__(self) -> None:
-        self.sums: dict[str, th.Tensor] = {}
-        self.weights: dict[str, float] = {}
-        self.minimum: dict[str, th.Tensor] = {}
-        self.maximum: dict[str, th.Tensor] = {}
+        # keys of one add_mean call -> (stacked rows, weights)
+        self._rows: dict[tuple[str, ...], tuple[list[th.Tensor], list[float]]] = {}
+        self._means: dict[str, float] | None = None
+        self._extremes: dict[str, list[th.Tensor]] = {}
 
     def add_mean(self, weight: float, **values: th.Tensor) -> None:
-        for key, value in values.items():
-            value = value.detach() * weight
-            self.sums[key] = self.sums[key] + value if key in self.sums else value
-            self.weights[key] = self.weights.get(key, 0.0) + weight
+        with th.no_grad():  # the scalars of one minibatch share dtype and device
+            row = th.stack(tuple(values.values()))
+        rows, weights = self._rows.setdefault(tuple(values), ([], []))
+        rows.append(row)
+        weights.append(float(weight))
+        self._means = None
 
     def add_extremes(self, key: str, values: th.Tensor) -> None:
-        low, high = values.detach().min(), values.detach().max()
-        self.minimum[key] = th.minimum(self.minimum[key], low) if key in self.minimum else low
-        self.maximum[key] = th.maximum(self.maximum[key], high) if key in self.maximum else high
+        self._extremes.setdefault(key, []).append(values.detach().flatten())
+
+    def _reduce(self) -> dict[str, float]:
+        if self._means is None:
+            totals: dict[str, tuple[float, float]] = {}
+            for keys, (rows, weights) in self._rows.items():
+                weight = th.tensor(weights, dtype=th.float64, device=rows[0].device)
+                sums = (th.stack(rows).to(th.float64) * weight[:, None]).sum(dim=0).tolist()
+                for key, value in zip(keys, sums, strict=True):
+                    total, total_weight = totals.get(key, (0.0, 0.0))
+                    totals[key] = (total + value, total_weight + float(weight.sum().item()))
+            self._means = {key: total / total_weight for key, (total, total_weight) in totals.items()}
+        return self._means
 
     def mean(self, key: str) -> float:
-        return float(self.sums[key].item() / self.weights[key])
+        return float(self._reduce()[key])
+
+    def extremes(self, key: str) -> tuple[float, float]:
+        low, high = th.aminmax(th.cat(self._extremes[key]))
+        return float(low.item()), float(high.item())
+
+    @property
+    def minimum(self) -> dict[str, th.Tensor]:
+        return {key: th.cat(values).min() for key, values in self._extremes.items()}
+
+    @property
+    def maximum(self) -> dict[str, th.Tensor]:
+        return {key: th.cat(values).max() for key, values in self._extremes.items()}
 
     def __contains__(self, key: str) -> bool:
-        return key in self.sums
+        return key in self._reduce()
 
 
 class PPOExt(PPO):
@@ -347,9 +377,14 @@ class PPOExt(PPO):
     def _evaluate(
         self, obs: PyTorchObs, actions: th.Tensor, need_distribution: bool
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Distribution | None]:
-        """Values, log-probabilities, entropy and (if needed) the action distribution on a minibatch."""
+        """
+        Values, log-probabilities, entropy and (if needed) the action distribution on a minibatch.
+
+        With ``ent_coef == 0`` the entropy is only logged: a PPOExt policy computes it outside the
+        autograd graph (same value, same random draws).
+        """
         if isinstance(self.policy, PPOExtActorCriticPolicy):
-            return self.policy.evaluate_actions_and_distribution(obs, actions)
+            return self.policy.evaluate_actions_and_distribution(obs, actions, entropy_requires_grad=self.ent_coef != 0)
         # A plain SB3 ActorCriticPolicy: a second actor pass yields the distribution.
         values, log_prob, entropy = self.policy.evaluate_actions(obs, actions)
         return values, log_prob, entropy, self.policy.get_distribution(obs) if need_distribution else None
@@ -421,17 +456,19 @@ class PPOExt(PPO):
         terms = {}
         if kl_coef > 0:
             assert distribution is not None
-            old = [index_distribution(d, index) for d in old_distributions]
-            kl_penalty = losses.kl_penalty_loss(analytic_kl(old, torch_distributions(distribution)), kl_coef)
+            kl = indexed_analytic_kl(old_distributions, index, torch_distributions(distribution))
+            kl_penalty = losses.kl_penalty_loss(kl, kl_coef)
             terms["kl_penalty"] = kl_penalty
         else:
-            kl_penalty = th.zeros((), device=self.device)
+            kl_penalty = None
         value_loss = losses.value_loss(values, old_values, rollout.returns[index], clip_range_vf, self.vf_clip_mode)
         # Entropy loss favors exploration; approximate it from samples when there is no closed form
         entropy_mean = -th.mean(log_prob) if entropy is None else th.mean(entropy)
         entropy_loss = -entropy_mean
 
-        loss = policy_loss + kl_penalty + self.vf_coef * value_loss
+        # Without the penalty no zero tensor is added (one autograd node fewer, the same value).
+        surrogate = policy_loss if kl_penalty is None else policy_loss + kl_penalty
+        loss = surrogate + self.vf_coef * value_loss
         # With ent_coef == 0 the term adds nothing but a backward pass through the entropy estimate
         # (a Monte Carlo sample for the squashed head): leave it out of the graph.
         if self.ent_coef != 0:
@@ -491,7 +528,8 @@ class PPOExt(PPO):
                 stats.add_mean(float(len(index)), **{k: v for k, v in terms.items() if k != "ratio"})
                 stats.add_extremes("ratio", terms["ratio"])
 
-                if not th.isfinite(loss):
+                # One host read instead of th.isfinite's element-wise ops (the same test on a scalar).
+                if not math.isfinite(loss.item()):
                     self._raise_non_finite("loss", epoch, terms)
 
                 # Early stopping on SB3's criterion, see SB3 issue #417 and PR #419
@@ -504,7 +542,7 @@ class PPOExt(PPO):
                 self.policy.optimizer.zero_grad()
                 loss.backward()
                 grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
-                if not th.isfinite(grad_norm):
+                if not math.isfinite(grad_norm.item()):
                     self._raise_non_finite("gradient", epoch, dict(grad_norm=grad_norm, loss=loss))
                 grad_norms.append(grad_norm.detach())
                 self.policy.optimizer.step()
@@ -564,8 +602,9 @@ class PPOExt(PPO):
             record("train/clip_fraction_vf", stats.mean("clip_fraction_vf"))
         if "kl_penalty" in stats:
             record("train/kl_penalty", stats.mean("kl_penalty"))
-        record("train/ratio_min", float(stats.minimum["ratio"].item()))
-        record("train/ratio_max", float(stats.maximum["ratio"].item()))
+        ratio_min, ratio_max = stats.extremes("ratio")
+        record("train/ratio_min", ratio_min)
+        record("train/ratio_max", ratio_max)
         if grad_norms:
             record("train/grad_norm", float(th.stack(grad_norms).mean().item()))
         record("train/kl", mean_kl)

@@ -249,6 +249,92 @@ def test_diagnostic_means_are_sample_weighted():
     stats.add_extremes("r", th.tensor([0.8, 1.0]))
     assert stats.mean("x") == pytest.approx(2.0)
     assert stats.minimum["r"].item() == pytest.approx(0.8) and stats.maximum["r"].item() == pytest.approx(1.1)
+    assert stats.extremes("r") == pytest.approx((0.8, 1.1))
+
+
+def test_diagnostic_means_with_keys_that_come_and_go():
+    """Minibatches may log different key sets (e.g. a KL term from some minibatches only): each key has its own weights."""
+    from sb3_ppo_ext.ppo_ext import _UpdateStats
+
+    rng = np.random.default_rng(0)
+    stats, log = _UpdateStats(), []
+    for i in range(50):
+        weight = float(rng.integers(1, 64))
+        values = {"a": float(np.float32(rng.normal())), "b": float(np.float32(rng.normal()))}
+        if i % 3 == 0:
+            values["c"] = float(np.float32(rng.normal()))
+        stats.add_mean(weight, **{k: th.tensor(v) for k, v in values.items()})
+        log.append((weight, values))
+    for key in ("a", "b", "c"):
+        pairs = [(w, v[key]) for w, v in log if key in v]
+        expected = sum(w * x for w, x in pairs) / sum(w for w, _ in pairs)
+        assert stats.mean(key) == pytest.approx(expected, rel=1e-6)
+    assert "c" in stats and "d" not in stats
+    # A minibatch added after a read is taken into account.
+    stats.add_mean(1.0, a=th.tensor(1e3), b=th.tensor(0.0))
+    pairs = [(w, v["a"]) for w, v in log] + [(1.0, 1e3)]
+    assert stats.mean("a") == pytest.approx(sum(w * x for w, x in pairs) / sum(w for w, _ in pairs), rel=1e-6)
+
+
+@pytest.mark.parametrize("squash", [True, False])
+def test_entropy_logged_without_grad_changes_neither_loss_nor_gradient(monkeypatch, squash):
+    """With ent_coef == 0 the entropy is computed outside the graph: the same loss, gradient, entropy and RNG draws as
+    computing it with its graph; with ent_coef > 0 the gradient is the ent_coef == 0 one minus ent_coef x grad(entropy)."""
+    env = make_vec_env("Pendulum-v1", n_envs=2, seed=0)
+    model = PPOExt("MlpPolicy", env, **kwargs_for("clip", squash))
+    model.set_logger(configure(None, []))
+    model.learn(64)
+    rollout = next(model.rollout_buffer.get(batch_size=None))
+    index = th.arange(0, 64, 3)
+    old = model._rollout_distributions(rollout.observations, 64)
+    model.policy.set_training_mode(True)
+
+    def losses_and_grads():
+        model.policy.optimizer.zero_grad()
+        th.manual_seed(7)
+        terms = model.minibatch_losses(rollout, index, rollout.actions, old, 0.2, None, 0.0)
+        terms["loss"].backward()
+        grads = [p.grad.clone() for p in model.policy.parameters()]
+        return terms, grads, th.get_rng_state()
+
+    calls = []
+    original = type(model.policy).evaluate_actions_and_distribution
+
+    def spy(self, obs, actions, entropy_requires_grad=True):
+        calls.append(entropy_requires_grad)
+        return original(self, obs, actions, entropy_requires_grad=entropy_requires_grad)
+
+    monkeypatch.setattr(type(model.policy), "evaluate_actions_and_distribution", spy)
+    terms, grads, rng = losses_and_grads()
+    assert calls == [False]
+
+    def with_graph(self, obs, actions, entropy_requires_grad=True):
+        return original(self, obs, actions, entropy_requires_grad=True)
+
+    monkeypatch.setattr(type(model.policy), "evaluate_actions_and_distribution", with_graph)
+    ref_terms, ref_grads, ref_rng = losses_and_grads()
+    assert th.equal(th.get_rng_state(), ref_rng) and th.equal(rng, ref_rng)
+    for key in ("loss", "entropy", "policy_gradient_loss", "value_loss"):
+        assert th.equal(terms[key], ref_terms[key]), key
+    for got, want in zip(grads, ref_grads, strict=True):
+        assert th.equal(got, want)
+
+    # ent_coef > 0: the entropy term's own gradient (same draws) is added.
+    monkeypatch.setattr(type(model.policy), "evaluate_actions_and_distribution", spy)
+    calls.clear()
+    model.ent_coef = 0.1
+    with_bonus_terms, with_bonus, _ = losses_and_grads()
+    assert calls == [True]
+    model.policy.optimizer.zero_grad()
+    th.manual_seed(7)
+    obs = rollout.observations[index]
+    _, log_prob, entropy, _ = original(model.policy, obs, rollout.actions[index])
+    entropy_mean = -log_prob.mean() if entropy is None else entropy.mean()
+    entropy_grads = th.autograd.grad(entropy_mean, list(model.policy.parameters()), allow_unused=True)
+    assert th.allclose(with_bonus_terms["entropy"], ref_terms["entropy"])
+    for got, base, ent in zip(with_bonus, grads, entropy_grads, strict=True):
+        expected = base if ent is None else base - 0.1 * ent
+        assert th.allclose(got, expected, atol=1e-6)
 
 
 class NaNRewardEnv(gym.Env):
