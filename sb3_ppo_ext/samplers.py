@@ -353,19 +353,23 @@ def _mask_password(url: str) -> str:
 
 
 def _open_rdb_storage(url: str, engine_kwargs: dict[str, Any], heartbeat: dict[str, Any], attempts: int = 3) -> Any:
-    """``RDBStorage(url)``; retried when workers started together race to create Optuna's tables (IntegrityError)."""
+    """
+    ``RDBStorage(url)``; retried when workers started together race to create Optuna's tables
+    (PostgreSQL: IntegrityError; SQLite: OperationalError "table ... already exists").
+    """
     import time
 
     import optuna
-    from sqlalchemy.exc import IntegrityError
+    from sqlalchemy.exc import IntegrityError, OperationalError
 
     for attempt in range(attempts):
         try:
             with warnings.catch_warnings():  # heartbeat_interval is marked experimental
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **heartbeat)
-        except IntegrityError:
-            if attempt == attempts - 1:
+        except (IntegrityError, OperationalError) as error:
+            racing = isinstance(error, IntegrityError) or "already exists" in str(error)
+            if not racing or attempt == attempts - 1:
                 raise
             time.sleep(0.5 * (attempt + 1))  # another worker is creating the tables: they exist when it is done
     raise AssertionError("unreachable")

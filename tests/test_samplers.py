@@ -327,3 +327,30 @@ def test_zoo_study_seeds_the_shipped_entry_and_writes_a_tuned_entry(tmp_path):
     entry = load_hyperparams("Pendulum-v1", written)
     assert entry == {**shipped, **convert_zoo_params(study.best_trial.params)}
     assert entry["n_envs"] == shipped["n_envs"]  # not sampled: kept from the shipped entry
+
+
+@pytest.mark.parametrize("racing", [True, False])
+def test_storage_retries_only_the_table_creation_race(tmp_path, monkeypatch, racing):
+    """SQLite workers started together: one sees "table studies already exists" and retries; other errors are not retried."""
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    real = optuna.storages.RDBStorage
+    calls = []
+
+    def flaky(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 1:
+            message = "table studies already exists" if racing else "unable to open database file"
+            raise OperationalError("CREATE TABLE studies", {}, sqlite3.OperationalError(message))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", flaky)
+    url = f"sqlite:///{tmp_path / 'race.db'}"
+    if racing:
+        assert make_storage(url) is not None and len(calls) == 2
+    else:
+        with pytest.raises(StorageError, match="unable to open database file"):
+            make_storage(url)
+        assert len(calls) == 1
