@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import torch as th
+from torch.nn import functional as F
 
 VF_CLIP_MODES = ("clipped", "max")
 
@@ -72,14 +73,15 @@ def value_loss(
     :param mode: ``"clipped"`` or ``"max"``
     :return: scalar loss
     """
+    # F.mse_loss(R, .) as stock PPO computes it (same kernel, hence the same bits, in its two forms).
     if clip_range_vf is None:
-        return th.mean((values - returns) ** 2)
+        return F.mse_loss(returns, values)
     if mode not in VF_CLIP_MODES:
         raise ValueError(f"vf_clip_mode={mode!r} is not one of {VF_CLIP_MODES}")
-    clipped_error = (clip_values(values, old_values, clip_range_vf) - returns) ** 2
+    clipped = clip_values(values, old_values, clip_range_vf)
     if mode == "clipped":
-        return clipped_error.mean()
-    return th.max((values - returns) ** 2, clipped_error).mean()
+        return F.mse_loss(returns, clipped)
+    return th.max((values - returns) ** 2, (clipped - returns) ** 2).mean()
 
 
 def clip_fraction(ratio: th.Tensor, clip_range: float) -> th.Tensor:

@@ -401,10 +401,24 @@ class PPOExt(PPO):
                 )
         return concat_distributions(chunks)
 
-    def _minibatches(self, n_samples: int) -> Iterator[th.Tensor]:
-        """Indices of one epoch's minibatches: a fresh permutation cut in ``batch_size`` pieces."""
-        permutation = th.as_tensor(np.random.permutation(n_samples), device=self.device)
-        yield from th.split(permutation, self.batch_size)
+    def _minibatches(self, epoch: int, rollout_order: np.ndarray) -> Iterator[th.Tensor]:
+        """
+        Rows of one epoch's minibatches, exactly stock PPO's: SB3's ``RolloutBuffer.get`` draws a
+        fresh permutation of the samples per epoch from NumPy's global RNG and cuts it in
+        ``batch_size`` pieces. The rollout tensors are already in the first epoch's permutation
+        (``rollout_order``, drawn by ``get(None)``), so epoch 0 takes them in order and every later
+        epoch maps its own permutation through the inverse of the first.
+
+        :param epoch: epoch number within the update
+        :param rollout_order: the sample index of each row of the rollout tensors
+        """
+        if epoch == 0:
+            rows = np.arange(len(rollout_order))
+        else:
+            position = np.empty_like(rollout_order)
+            position[rollout_order] = np.arange(len(rollout_order))
+            rows = position[np.random.permutation(len(rollout_order))]
+        yield from th.split(th.as_tensor(rows, device=self.device), self.batch_size)
 
     def _raise_non_finite(self, what: str, epoch: int, terms: dict[str, th.Tensor]) -> None:
         details = ", ".join(f"{name}={value.item():.6g}" for name, value in terms.items() if value.dim() == 0)
@@ -467,12 +481,14 @@ class PPOExt(PPO):
         entropy_loss = -entropy_mean
 
         # Without the penalty no zero tensor is added (one autograd node fewer, the same value).
-        surrogate = policy_loss if kl_penalty is None else policy_loss + kl_penalty
-        loss = surrogate + self.vf_coef * value_loss
-        # With ent_coef == 0 the term adds nothing but a backward pass through the entropy estimate
-        # (a Monte Carlo sample for the squashed head): leave it out of the graph.
+        # Summed in stock PPO's order (policy, entropy, value), so that without the squashed head
+        # and the penalty the loss and its gradient are PPO's bit for bit. With ent_coef == 0 the
+        # entropy term adds nothing but a backward pass through the entropy estimate (a Monte
+        # Carlo sample for the squashed head): it is left out of the graph (x + 0 * y == x exactly).
+        loss = policy_loss if kl_penalty is None else policy_loss + kl_penalty
         if self.ent_coef != 0:
             loss = loss + self.ent_coef * entropy_loss
+        loss = loss + self.vf_coef * value_loss
 
         with th.no_grad():
             terms.update(
@@ -505,7 +521,12 @@ class PPOExt(PPO):
         clip_range_vf = None if self.clip_range_vf is None else float(self.clip_range_vf(progress))  # type: ignore[operator]
         kl_coef = self.current_kl_coef if self.uses_kl_penalty else 0.0
 
-        # The whole rollout once as tensors; minibatches are slices of it.
+        # The whole rollout once as tensors; minibatches are slices of it. get() shuffles the rows
+        # with a permutation from NumPy's global RNG: read it from a copy of the RNG state first,
+        # so that the minibatches below can be stock PPO's, draw for draw.
+        peek = np.random.RandomState()
+        peek.set_state(np.random.get_state())
+        rollout_order = peek.permutation(self.rollout_buffer.buffer_size * self.rollout_buffer.n_envs)
         rollout = next(self.rollout_buffer.get(batch_size=None))
         n_samples = rollout.advantages.shape[0]
         all_actions = rollout.actions
@@ -520,7 +541,7 @@ class PPOExt(PPO):
         continue_training = True
         epochs_completed = 0
         for epoch in range(self.n_epochs):
-            for index in self._minibatches(n_samples):
+            for index in self._minibatches(epoch, rollout_order):
                 terms = self.minibatch_losses(
                     rollout, index, all_actions, old_distributions, clip_range, clip_range_vf, kl_coef
                 )

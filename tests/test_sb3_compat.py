@@ -265,3 +265,35 @@ def test_squash_off_update_equals_stock_ppo(kwargs):
         assert th.allclose(value, ext.policy.state_dict()[name], atol=1e-5), name
         changed |= not th.equal(value, stock_initial[name])
     assert changed
+
+
+@pytest.mark.parametrize(
+    "env_id, kwargs",
+    [
+        ("Pendulum-v1", dict()),
+        ("Pendulum-v1", dict(ent_coef=0.01, clip_range_vf=0.2, max_grad_norm=0.3)),
+        ("Pendulum-v1", dict(use_sde=True, sde_sample_freq=4)),
+        ("CartPole-v1", dict(ent_coef=0.01)),
+    ],
+)
+def test_squash_off_training_is_stock_ppo_bit_for_bit(env_id, kwargs):
+    """
+    Over several updates with shuffled minibatches, squash-off PPOExt (no penalty) trains exactly
+    as stock PPO: same minibatch rows in the same order, same loss summation, same random draws,
+    so the rollouts, the losses logged and the final weights are identical, not merely close.
+    """
+    common = dict(n_steps=64, batch_size=16, n_epochs=3, seed=5, **kwargs)
+    policy_kwargs = dict(net_arch=[16])
+    results = []
+    for algo, extra in ((PPO, {}), (PPOExt, dict(squash_output=False) if env_id == "Pendulum-v1" else {})):
+        model = algo("MlpPolicy", make_vec_env(env_id, n_envs=2, seed=5), policy_kwargs={**policy_kwargs, **extra}, **common)
+        model.learn(64 * 2 * 4)  # 4 updates of 8 minibatches x 3 epochs
+        results.append(model)
+    stock, ext = results
+    assert ext._n_updates == stock._n_updates == 12
+    assert np.array_equal(stock.rollout_buffer.actions, ext.rollout_buffer.actions)
+    assert np.array_equal(stock.rollout_buffer.returns, ext.rollout_buffer.returns)
+    for name, value in stock.policy.state_dict().items():
+        assert th.equal(value, ext.policy.state_dict()[name]), name
+    for key in ("train/value_loss", "train/policy_gradient_loss", "train/entropy_loss"):
+        assert stock.logger.name_to_value[key] == pytest.approx(ext.logger.name_to_value[key], rel=1e-6), key
