@@ -299,6 +299,26 @@ def _working_directory(folder: str) -> Iterator[None]:
         os.chdir(previous)
 
 
+def source_revision(folder: Path) -> str | None:
+    """The git commit of the checkout ``folder`` belongs to (``+dirty`` with uncommitted changes); None outside git."""
+    import subprocess
+
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(folder), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no", "--", "."],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+dirty" if dirty else "")
+
+
 def run_one(spec: RunSpec) -> dict[str, Any]:
     """
     Train and evaluate one run; write its CSV and done marker.
@@ -389,6 +409,7 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
                 "sb3_ppo_ext": sb3_ppo_ext.__version__,
                 "torch": th.__version__,
             },
+            "sb3_ppo_ext_revision": source_revision(Path(sb3_ppo_ext.__file__).parent),
             "cpu_count": os.cpu_count(),
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }

@@ -434,6 +434,10 @@ def build_report(
     ]
     if any_marker is not None:
         versions = ", ".join(f"{k} {v}" for k, v in any_marker["versions"].items())
+        revisions = sorted(
+            {str(run.marker.get("sb3_ppo_ext_revision")) for by_algo in runs.values() for rs in by_algo.values() for run in rs}
+        )
+        versions += f"; sb3_ppo_ext commits of the runs: {', '.join(revisions)} (None: recorded before commits were)"
         lines += [
             f"Machine: {any_marker['cpu_count']} CPU cores, one torch thread per run, "
             f"device {any_marker['budget']['device']}; "

@@ -88,6 +88,7 @@ def test_matrix_writes_csvs_skips_finished_and_reruns_interrupted(tmp_path):
     assert "ppo_ext_kl seed 1" in third
     assert interrupted.with_suffix(".done.json").is_file() and not interrupted.with_suffix(".csv.tmp").exists()
     rerun = json.loads(interrupted.with_suffix(".done.json").read_text())
+    assert "sb3_ppo_ext_revision" in rerun
     # Same seed, same settings: the rerun reproduces the interrupted run's evaluation.
     assert rerun["final_mean_return"] == pytest.approx(finals["ppo_ext_kl", 1]["final_mean_return"], rel=1e-6)
     kept = out / "Pendulum-v1" / "ppo" / "seed0.csv"
@@ -340,3 +341,12 @@ def test_report_lists_tuned_entries(tmp_path):
         in ("\n".join(lines))
     )
     assert "| Hopper-v5 | not tuned" in "\n".join(lines) and "| Pendulum-v1 | not tuned" in "\n".join(lines)
+
+
+def test_source_revision(tmp_path):
+    assert benchmark.source_revision(tmp_path) is None  # not a git checkout
+    repo = Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        pytest.skip("the tests do not run from a git checkout")
+    assert benchmark.source_revision(repo / "sb3_ppo_ext").split("+")[0] == head.stdout.strip()
