@@ -46,7 +46,11 @@ DEFAULT_OUT = "logs/benchmark"  # logs/ is git-ignored
 # merged into the entry's policy_kwargs (see _zoo_overrides).
 ALGOS: dict[str, tuple[str, dict[str, Any], str]] = {
     "ppo": ("ppo", {}, "stock SB3 PPO, rl-zoo3's ppo.yml entry"),
-    "ppo_ext_clip": ("ppo_ext", {}, "PPOExt, squashed head + clipped surrogate (shipped ppo_ext.yml entry)"),
+    "ppo_ext_clip": (
+        "ppo_ext",
+        {},
+        "PPOExt, the shipped ppo_ext.yml entry as it is (squashed head + clip unless a # Tuned entry says otherwise)",
+    ),
     "ppo_ext_kl": (
         "ppo_ext",
         {"clip_range": None, "kl_coef": 1.0, "kl_target": 0.01},
