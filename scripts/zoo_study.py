@@ -80,14 +80,22 @@ def describe(study: optuna.Study) -> tuple[optuna.trial.FrozenTrial, optuna.tria
 def entry_yaml(env_id: str, study: optuna.Study, command: str | None) -> str:
     """The ``# Tuned`` yml block for ``env_id`` from the study's best trial."""
     best, shipped, n_complete = describe(study)
+    n_pruned = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,)))
     lines = [
-        f"# Tuned: best of {n_complete} complete trials of study {study.study_name!r}: trial {best.number}, {best.value:.1f}"
+        f"# Tuned: best of {n_complete} complete trials ({n_pruned} pruned) of study {study.study_name!r}: "
+        f"trial {best.number}, {best.value:.1f}"
     ]
-    if shipped is not None:
-        lines.append(f"#   (the previous shipped entry, enqueued as trial {shipped.number}: {shipped.value:.1f})")
+    if shipped is not None and best.number == shipped.number:
+        # Written back as it was (same keys), so that results recorded with it stay valid.
+        lines.append("#   = the shipped entry itself (enqueued as the first trial): no sampled configuration beat it")
+        entry = load_hyperparams(env_id)
+    else:
+        if shipped is not None:
+            lines.append(f"#   (the previous shipped entry, enqueued as trial {shipped.number}: {shipped.value:.1f})")
+        entry = tuned_entry(env_id, best)
     if command:
         lines.append(f"#   study command: {command}")
-    block = yaml.safe_dump({env_id: tuned_entry(env_id, best)}, sort_keys=False, default_flow_style=False)
+    block = yaml.safe_dump({env_id: entry}, sort_keys=False, default_flow_style=False)
     return "\n".join(lines) + "\n" + block
 
 

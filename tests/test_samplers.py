@@ -320,13 +320,23 @@ def test_zoo_study_seeds_the_shipped_entry_and_writes_a_tuned_entry(tmp_path):
     sample_zoo_form(second, continuous=True)
     study.tell(second, -150.0)
     text = zoo_study.entry_yaml("Pendulum-v1", study, "python -m rl_zoo3.train --algo ppo_ext -optimize")
-    assert text.startswith("# Tuned: best of 2 complete trials of study 's': trial 1, -150.0")
+    assert text.startswith("# Tuned: best of 2 complete trials (0 pruned) of study 's': trial 1, -150.0")
     assert "trial 0: -300.0" in text and "study command: python -m rl_zoo3.train" in text
     written = tmp_path / "tuned.yml"
     written.write_text(text)
     entry = load_hyperparams("Pendulum-v1", written)
     assert entry == {**shipped, **convert_zoo_params(study.best_trial.params)}
     assert entry["n_envs"] == shipped["n_envs"]  # not sampled: kept from the shipped entry
+    # When the shipped entry wins, it is written back as it was (same keys), marked as such.
+    other = zoo_study.seed_study("Pendulum-v1", storage, "t")
+    for value in (10.0, 5.0):
+        trial = other.ask()
+        sample_zoo_form(trial, continuous=True)
+        other.tell(trial, value)
+    text = zoo_study.entry_yaml("Pendulum-v1", other, None)
+    assert "= the shipped entry itself" in text
+    written.write_text(text)
+    assert load_hyperparams("Pendulum-v1", written) == shipped
 
 
 @pytest.mark.parametrize("racing", [True, False])
