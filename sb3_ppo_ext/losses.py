@@ -99,10 +99,13 @@ def approx_kl_k3(log_ratio: th.Tensor) -> th.Tensor:
     Schulman's unbiased, non-negative ``k3`` estimator of ``KL(pi_old || pi)`` from samples of
     ``pi_old``: ``mean((r - 1) - log r)`` with ``log r = log pi - log pi_old``.
 
+    Computed with the same operations as stock PPO (``exp(log r) - 1`` rather than the slightly
+    more accurate ``expm1``), so that a ``target_kl`` early stop decides exactly as PPO's does.
+
     :param log_ratio: ``log pi(a|s) - log pi_old(a|s)`` for actions sampled from ``pi_old``
     :return: scalar estimate
     """
-    return th.mean(th.expm1(log_ratio) - log_ratio)
+    return th.mean((th.exp(log_ratio) - 1) - log_ratio)
 
 
 def adapt_kl_coef(
