@@ -122,14 +122,6 @@ class _UpdateStats:
         low, high = th.aminmax(th.cat(self._extremes[key]))
         return float(low.item()), float(high.item())
 
-    @property
-    def minimum(self) -> dict[str, th.Tensor]:
-        return {key: th.cat(values).min() for key, values in self._extremes.items()}
-
-    @property
-    def maximum(self) -> dict[str, th.Tensor]:
-        return {key: th.cat(values).max() for key, values in self._extremes.items()}
-
     def __contains__(self, key: str) -> bool:
         return key in self._reduce()
 
@@ -401,23 +393,19 @@ class PPOExt(PPO):
                 )
         return concat_distributions(chunks)
 
-    def _minibatches(self, epoch: int, rollout_order: np.ndarray) -> Iterator[th.Tensor]:
+    def _minibatches(self, epoch: int, row_of_sample: np.ndarray) -> Iterator[th.Tensor]:
         """
         Rows of one epoch's minibatches, exactly stock PPO's: SB3's ``RolloutBuffer.get`` draws a
         fresh permutation of the samples per epoch from NumPy's global RNG and cuts it in
         ``batch_size`` pieces. The rollout tensors are already in the first epoch's permutation
-        (``rollout_order``, drawn by ``get(None)``), so epoch 0 takes them in order and every later
-        epoch maps its own permutation through the inverse of the first.
+        (drawn by ``get(None)``), so epoch 0 takes them in order and every later epoch maps its
+        own permutation of samples to rows.
 
         :param epoch: epoch number within the update
-        :param rollout_order: the sample index of each row of the rollout tensors
+        :param row_of_sample: the row of the rollout tensors that holds each sample
         """
-        if epoch == 0:
-            rows = np.arange(len(rollout_order))
-        else:
-            position = np.empty_like(rollout_order)
-            position[rollout_order] = np.arange(len(rollout_order))
-            rows = position[np.random.permutation(len(rollout_order))]
+        n_samples = len(row_of_sample)
+        rows = np.arange(n_samples) if epoch == 0 else row_of_sample[np.random.permutation(n_samples)]
         yield from th.split(th.as_tensor(rows, device=self.device), self.batch_size)
 
     def _raise_non_finite(self, what: str, epoch: int, terms: dict[str, th.Tensor]) -> None:
@@ -527,6 +515,7 @@ class PPOExt(PPO):
         peek = np.random.RandomState()
         peek.set_state(np.random.get_state())
         rollout_order = peek.permutation(self.rollout_buffer.buffer_size * self.rollout_buffer.n_envs)
+        row_of_sample = np.argsort(rollout_order)  # the inverse permutation
         rollout = next(self.rollout_buffer.get(batch_size=None))
         n_samples = rollout.advantages.shape[0]
         all_actions = rollout.actions
@@ -541,7 +530,7 @@ class PPOExt(PPO):
         continue_training = True
         epochs_completed = 0
         for epoch in range(self.n_epochs):
-            for index in self._minibatches(epoch, rollout_order):
+            for index in self._minibatches(epoch, row_of_sample):
                 terms = self.minibatch_losses(
                     rollout, index, all_actions, old_distributions, clip_range, clip_range_vf, kl_coef
                 )
