@@ -6,6 +6,7 @@ import csv
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -350,3 +351,29 @@ def test_source_revision(tmp_path):
     if head.returncode != 0:
         pytest.skip("the tests do not run from a git checkout")
     assert benchmark.source_revision(repo / "sb3_ppo_ext").split("+")[0] == head.stdout.strip()
+
+
+def test_report_names_a_variant_that_reproduced_stock_ppo(fixture_results, tmp_path):
+    """A variant whose evaluations equal stock PPO's seed for seed is a tie, and the report says so."""
+    for seed, final in enumerate(STOCK_FINALS):
+        _write_fixture_run(fixture_results, "ppo_ext_gauss", seed, [-1200.0, -800.0, -400.0 + seed, final], fps=1000.0)
+    # The same returns but one seed's final evaluation 1.0 lower: not identical (IQM -227.0).
+    for seed, final in enumerate(STOCK_FINALS):
+        returns = [-1200.0, -800.0, -400.0 + seed, final - (seed == 1)]
+        _write_fixture_run(fixture_results, "ppo_ext_kl", seed, returns, fps=1000.0)
+    runs = report.load_runs(fixture_results)
+    assert report.identical_to_stock(runs) == {("Pendulum-v1", "ppo_ext_gauss")}
+    out = tmp_path / "BENCHMARKS.md"
+    argv = ["--results", str(fixture_results), "--out", str(out), "--figures", str(tmp_path), "--keep-data", ""]
+    assert report.main(argv) == 0
+    text = out.read_text()
+    assert "| `ppo_ext_gauss` (= stock PPO: every evaluation of every seed identical) | 5 |" in text
+    assert "| `ppo_ext_kl` | 5 |" in text
+    # ppo_ext_clip is best here; with it gone, the tie is named and the best other variant given.
+    shutil.rmtree(fixture_results / "Pendulum-v1" / "ppo_ext_clip")
+    assert report.main(argv) == 0
+    text = out.read_text()
+    assert (
+        "| Pendulum-v1 (`ppo_ext_gauss`) | met (a tie: this variant is stock PPO bit for bit) | -226.7 vs -226.7 (+0.0); "
+        "best variant that trains differently: `ppo_ext_kl` -227.0 (-0.3) |"
+    ) in text
