@@ -14,6 +14,12 @@ time so far, evaluations excluded, ``fps`` the env steps per second of that time
 used, versions). Both are written to a temporary file and renamed. A restarted benchmark skips
 runs whose marker matches the requested budget and reruns every other run from scratch.
 
+One writer per run: a run holds an exclusive lock on ``seed<k>.lock`` while it trains, and a second
+process that reaches the same run (another benchmark on the same ``--out``) fails that run at once
+with a message instead of writing into its files. The lock dies with its process, so a killed run
+never blocks a restart. Worker processes exit when the benchmark process that started them dies
+(killed, not just interrupted), so no orphaned worker keeps writing results.
+
     python scripts/benchmark.py --suite pendulum --workers 1
     python scripts/benchmark.py --envs Pendulum-v1 --algos ppo ppo_ext_clip --seeds 2 --steps 20000
     python scripts/benchmark_report.py   # docs/BENCHMARKS.md from the results
@@ -28,11 +34,13 @@ import concurrent.futures
 import contextlib
 import csv
 import dataclasses
+import fcntl
 import json
 import multiprocessing
 import os
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -323,18 +331,53 @@ def source_revision(folder: Path) -> str | None:
     return commit + ("+dirty" if dirty else "")
 
 
+class RunInProgressError(RuntimeError):
+    """Another process holds the run's lock: it is training that run now."""
+
+
+@contextlib.contextmanager
+def run_lock(spec: RunSpec) -> Iterator[None]:
+    """
+    Hold the exclusive lock of ``spec``'s run (``seed<k>.lock``) or raise :class:`RunInProgressError`.
+
+    ``flock`` locks belong to the open file: the kernel releases them when the holder exits, however
+    it exits, so a stale lock file never blocks a later run.
+    """
+    spec.stem.parent.mkdir(parents=True, exist_ok=True)
+    with open(spec.stem.with_suffix(".lock"), "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "unknown"
+            raise RunInProgressError(
+                f"{spec.env} {spec.algo} seed {spec.seed} is being run by another process ({holder}) "
+                f"in {spec.stem.parent}: not started here, its files are left alone"
+            ) from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()}")
+        lock.flush()
+        yield
+
+
 def run_one(spec: RunSpec) -> dict[str, Any]:
     """
-    Train and evaluate one run; write its CSV and done marker.
+    Train and evaluate one run under its lock; write its CSV and done marker.
 
     :return: the marker's content
+    :raises RunInProgressError: another process is running the same run now
     """
+    spec = dataclasses.replace(spec, out=str(Path(spec.out).resolve()))
+    with run_lock(spec):
+        return _run_locked(spec)
+
+
+def _run_locked(spec: RunSpec) -> dict[str, Any]:
     import torch as th
 
     th.set_num_threads(1)
     # The run works in a temporary folder (MuJoCo writes MUJOCO_LOG.TXT to the working directory).
-    spec = dataclasses.replace(spec, out=str(Path(spec.out).resolve()))
-    spec.stem.parent.mkdir(parents=True, exist_ok=True)
     for stale in (spec.marker_path, spec.csv_path):
         stale.unlink(missing_ok=True)
     tmp_csv = spec.csv_path.with_suffix(".csv.tmp")
@@ -447,6 +490,22 @@ def _format_duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
+def _exit_with_parent(parent_pid: int, interval_s: float = 1.0) -> None:
+    """
+    Pool initializer: end this worker as soon as the process that started it is gone.
+
+    A benchmark killed with SIGTERM/SIGKILL does not take its spawned workers with it; left alone,
+    they would finish their runs and race a restarted benchmark for the same result files.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(interval_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def run_matrix(specs: list[RunSpec], workers: int) -> int:
     """Run the unfinished specs in ``workers`` processes, printing one line per finished run; return the failure count."""
     pending = [spec for spec in specs if not is_finished(spec)]
@@ -459,7 +518,9 @@ def run_matrix(specs: list[RunSpec], workers: int) -> int:
     durations: list[float] = []
     started = time.perf_counter()
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    with concurrent.futures.ProcessPoolExecutor(
+        max_workers=workers, mp_context=context, initializer=_exit_with_parent, initargs=(os.getpid(),)
+    ) as pool:
         futures = {pool.submit(run_one, spec): spec for spec in pending}
         for done, future in enumerate(concurrent.futures.as_completed(futures), start=1):
             spec = futures[future]
@@ -467,6 +528,10 @@ def run_matrix(specs: list[RunSpec], workers: int) -> int:
             name = f"{spec.env} {spec.algo} seed {spec.seed}"
             try:
                 marker = future.result()
+            except RunInProgressError as error:
+                failures += 1
+                print(f"[{done}/{len(pending)}] SKIPPED {name}: {error}", flush=True)
+                continue
             except Exception:
                 failures += 1
                 print(f"[{done}/{len(pending)}] FAILED {name} (log: {spec.log_path})\n{traceback.format_exc()}", flush=True)

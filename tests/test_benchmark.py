@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib.util
 import json
@@ -9,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -377,3 +379,68 @@ def test_report_names_a_variant_that_reproduced_stock_ppo(fixture_results, tmp_p
         "| Pendulum-v1 (`ppo_ext_gauss`) | met (a tie: this variant is stock PPO bit for bit) | -226.7 vs -226.7 (+0.0); "
         "best variant that trains differently: `ppo_ext_kl` -227.0 (-0.3) |"
     ) in text
+
+
+def test_run_lock_keeps_a_second_writer_out_of_a_running_run(tmp_path, capsys):
+    """While one process runs a spec, another one neither trains it nor touches its files."""
+    spec = benchmark.RunSpec("Pendulum-v1", "ppo", 0, 2048, 1024, 2, str(tmp_path))
+    spec.stem.parent.mkdir(parents=True)
+    spec.csv_path.write_text("evaluations of the running run\n")
+    spec.marker_path.write_text("{}")
+    with benchmark.run_lock(spec):
+        with pytest.raises(benchmark.RunInProgressError, match=rf"Pendulum-v1 ppo seed 0 is being run .*pid {os.getpid()}"):
+            benchmark.run_one(spec)
+        # The matrix reports it and moves on (the marker is not a finished one: "{}" has no budget).
+        assert benchmark.run_matrix([spec], workers=1) == 1
+        assert "SKIPPED Pendulum-v1 ppo seed 0" in capsys.readouterr().out
+    assert spec.csv_path.read_text() == "evaluations of the running run\n" and spec.marker_path.read_text() == "{}"
+    assert not spec.csv_path.with_suffix(".csv.tmp").exists()
+    # The lock went with its holder: a lock file left behind (a killed run) does not block.
+    with benchmark.run_lock(spec):
+        pass
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads worker pids from /proc")
+def test_workers_exit_when_the_benchmark_process_is_killed(tmp_path):
+    """A SIGKILLed benchmark leaves no worker behind that would go on writing its run's files."""
+    out = tmp_path / "results"
+    command = [
+        sys.executable,
+        str(SCRIPTS / "benchmark.py"),
+        *("--envs", "Pendulum-v1", "--algos", "ppo", "--seeds", "1", "--steps", "1000000"),
+        *("--eval-freq", "100000", "--eval-episodes", "2", "--workers", "1", "--out", str(out)),
+    ]
+    parent = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = out / "Pendulum-v1" / "ppo" / "seed0.log"
+    deadline = time.monotonic() + 120
+    while not log.is_file() and time.monotonic() < deadline:  # the worker has started the run
+        time.sleep(0.2)
+    assert log.is_file()
+
+    def children() -> list[int]:
+        pids = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError):
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) == parent.pid:
+                    pids.append(int(stat.parent.name))
+        return pids
+
+    workers = children()
+    assert workers
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 30
+    alive = workers
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [pid for pid in alive if Path(f"/proc/{pid}").exists() and "Z" not in _proc_state(pid)]
+    assert not alive, f"workers {alive} outlived the killed benchmark"
+    assert not (out / "Pendulum-v1" / "ppo" / "seed0.done.json").exists()
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
