@@ -62,8 +62,17 @@ class Run:
     csv_path: Path
 
 
+class BadRunError(ValueError):
+    """A finished run's CSV cannot be a benchmark's evaluation record."""
+
+
 def load_runs(results: Path) -> dict[str, dict[str, list[Run]]]:
-    """Finished runs under ``results`` (``<env>/<algo>/seed<k>.csv`` with ``seed<k>.done.json``), by env and algo."""
+    """
+    Finished runs under ``results`` (``<env>/<algo>/seed<k>.csv`` with ``seed<k>.done.json``), by env and algo.
+
+    :raises BadRunError: a CSV that is unreadable or whose evaluation steps do not increase (e.g.
+        rows of two processes interleaved): the report is not built from it
+    """
     runs: dict[str, dict[str, list[Run]]] = {}
     for marker_path in sorted(results.glob("*/*/seed*.done.json")):
         csv_path = marker_path.with_name(marker_path.name.replace(".done.json", ".csv"))
@@ -72,12 +81,19 @@ def load_runs(results: Path) -> dict[str, dict[str, list[Run]]]:
         marker = json.loads(marker_path.read_text())
         with open(csv_path, newline="") as file:
             rows = list(csv.DictReader(file))
+        try:
+            timesteps = np.array([int(row["timesteps"]) for row in rows])
+            returns = np.array([float(row["mean_return"]) for row in rows])
+        except (KeyError, TypeError, ValueError) as error:
+            raise BadRunError(f"{csv_path}: not a readable benchmark CSV ({error})") from error
+        if len(timesteps) == 0 or np.any(np.diff(timesteps) <= 0):
+            raise BadRunError(f"{csv_path}: evaluation steps are not increasing: {timesteps.tolist()}")
         run = Run(
             env=marker["env"],
             algo=marker["algo"],
             seed=int(marker["seed"]),
-            timesteps=np.array([int(row["timesteps"]) for row in rows]),
-            returns=np.array([float(row["mean_return"]) for row in rows]),
+            timesteps=timesteps,
+            returns=returns,
             marker=marker,
             csv_path=csv_path,
         )
@@ -575,7 +591,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--notes", help="markdown file with findings, included as they are")
     parser.add_argument("--yml", default=str(PPO_EXT_YML), help="the shipped ppo_ext.yml (its # Tuned entries are listed)")
     args = parser.parse_args(argv)
-    runs = load_runs(Path(args.results))
+    try:
+        runs = load_runs(Path(args.results))
+    except BadRunError as error:
+        print(f"{error}\nDelete the run's .done.json marker and rerun scripts/benchmark.py to redo it.", file=sys.stderr)
+        return 1
     if not runs:
         print(f"no finished runs under {args.results}", file=sys.stderr)
         return 1

@@ -444,3 +444,18 @@ def _proc_state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "Z"
+
+
+def test_report_refuses_a_corrupt_csv(fixture_results, tmp_path, capsys):
+    """Rows of two writers interleaved (steps out of order, a torn line): an error naming the file, no report."""
+    csv_path = fixture_results / "Pendulum-v1" / "ppo" / "seed1.csv"
+    lines = csv_path.read_text().splitlines()
+    csv_path.write_text("\n".join([lines[0], lines[1], lines[3], lines[2], *lines[4:]]) + "\n")
+    out = tmp_path / "BENCHMARKS.md"
+    argv = ["--results", str(fixture_results), "--out", str(out), "--figures", str(tmp_path), "--keep-data", ""]
+    assert report.main(argv) == 1
+    assert f"{csv_path}: evaluation steps are not increasing: [0, 20000, 10000, 30000]" in capsys.readouterr().err
+    csv_path.write_text("\n".join([lines[0], lines[1], "19.7277,10,840.270,190.4", *lines[2:]]) + "\n")
+    assert report.main(argv) == 1
+    assert f"{csv_path}: not a readable benchmark CSV" in capsys.readouterr().err
+    assert not out.exists()
