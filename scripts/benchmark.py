@@ -34,7 +34,6 @@ import concurrent.futures
 import contextlib
 import csv
 import dataclasses
-import fcntl
 import json
 import multiprocessing
 import os
@@ -46,6 +45,11 @@ import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # Windows: runs are not locked there (see run_lock)
+    fcntl = None  # type: ignore[assignment]
 
 CSV_FIELDS = ("timesteps", "mean_return", "std_return", "episodes", "wall_time", "fps")
 DEFAULT_OUT = "logs/benchmark"  # logs/ is git-ignored
@@ -341,9 +345,13 @@ def run_lock(spec: RunSpec) -> Iterator[None]:
     Hold the exclusive lock of ``spec``'s run (``seed<k>.lock``) or raise :class:`RunInProgressError`.
 
     ``flock`` locks belong to the open file: the kernel releases them when the holder exits, however
-    it exits, so a stale lock file never blocks a later run.
+    it exits, so a stale lock file never blocks a later run. Where there is no ``fcntl`` (Windows),
+    runs are not locked.
     """
     spec.stem.parent.mkdir(parents=True, exist_ok=True)
+    if fcntl is None:  # no flock on this platform: run unlocked, as before locks existed
+        yield
+        return
     with open(spec.stem.with_suffix(".lock"), "a+") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
