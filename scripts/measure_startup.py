@@ -11,7 +11,7 @@ printed beside it.
 
 Usage::
 
-    python scripts/measure_startup.py [--python PATH] [--baseline PATH] [--runs 20] [--max-delta-ms 5]
+    python scripts/measure_startup.py [--python PATH] [--baseline PATH] [--runs 40] [--max-delta-ms 5]
 
 Exit status 1 if the mean CPU-time difference exceeds ``--max-delta-ms`` or a heavy module was imported.
 """
@@ -95,11 +95,11 @@ def main(argv: list[str] | None = None) -> int:
             ).stdout.strip()
             subprocess.run([base_python, "-m", "venv", "--without-pip", os.path.join(tmp, "empty")], check=True)
             baseline = os.path.join(tmp, "empty", "bin", "python")
-        medians = measure(args.python, baseline, args.runs)
-    with_package, without_package = medians["cpu"]
+        timings = measure(args.python, baseline, args.runs)
+    with_package, without_package = timings["cpu"]
     delta_ms = (with_package - without_package) * 1000
     heavy = heavy_modules_at_start(args.python)
-    wall_with, wall_without = medians["wall"]
+    wall_with, wall_without = timings["wall"]
     wall_delta_ms = (wall_with - wall_without) * 1000
     print(
         f"python -c pass, mean CPU time of {args.runs} runs: {with_package * 1000:.1f} ms with sb3-ppo-ext, "
