@@ -146,6 +146,7 @@ class Summary:
     threshold_steps: list[float]
     wall_s: float
     fps: float
+    machines: tuple[str, ...] = ()
 
     @property
     def mean(self) -> float:
@@ -173,7 +174,27 @@ def summarize(algo: str, runs: list[Run], threshold: float | None) -> Summary:
         threshold_steps=[steps_to_threshold(run, threshold) for run in runs] if threshold is not None else [],
         wall_s=float(np.mean([run.marker["total_wall_time_s"] for run in runs])),
         fps=float(np.mean([run.marker["env_steps_per_s"] for run in runs])),
+        machines=tuple(sorted({machine(run.marker) for run in runs})),
     )
+
+
+def machine(marker: dict[str, Any]) -> str:
+    """
+    Where a run ran, as far as its marker says: core count and software versions. Timings are
+    only compared between runs of one machine.
+    """
+    versions = ", ".join(f"{key} {value}" for key, value in marker.get("versions", {}).items())
+    return f"{marker.get('cpu_count')} CPU cores; {versions}"
+
+
+def machine_labels(runs: dict[str, dict[str, list[Run]]]) -> dict[str, str]:
+    """A letter per machine, in order of first appearance."""
+    labels: dict[str, str] = {}
+    for by_algo in runs.values():
+        for algo_runs in by_algo.values():
+            for run in algo_runs:
+                labels.setdefault(machine(run.marker), chr(ord("A") + len(labels)))
+    return labels
 
 
 def curve_band(runs: list[Run]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -275,13 +296,22 @@ def identical_to_stock(runs: dict[str, dict[str, list[Run]]]) -> set[tuple[str, 
 
 
 def env_table(
-    summaries: list[Summary], threshold: float | None, by_algo: dict[str, list[Run]], identical: frozenset[str] = frozenset()
+    summaries: list[Summary],
+    threshold: float | None,
+    by_algo: dict[str, list[Run]],
+    identical: frozenset[str] = frozenset(),
+    labels: dict[str, str] | None = None,
 ) -> list[str]:
+    """
+    :param labels: machine -> letter, when the report's runs come from more than one machine (a
+        column then says where each row ran, and timings are compared within one machine only)
+    """
     crossing_header = f"steps to {threshold:g} (median; per seed)" if threshold is not None else "steps to threshold"
+    machine_header, machine_rule = (" machine |", "---|") if labels else ("", "")
     lines = [
         f"| algorithm | seeds | final steps | final return mean ± std | IQM | IQM 95 % CI | {crossing_header} | "
-        "wall-clock per run | env-steps/s | ÷ stock PPO |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"wall-clock per run | env-steps/s | ÷ stock PPO |{machine_header}",
+        f"|---|---|---|---|---|---|---|---|---|---|{machine_rule}",
     ]
     stock = next((s for s in summaries if s.algo == STOCK), None)
     for s in summaries:
@@ -293,6 +323,8 @@ def env_table(
             crossing = "no threshold set"
         if stock is None or s is stock:
             ratio = "—"
+        elif len(s.machines) != 1 or s.machines != stock.machines:
+            ratio = "— (ran on another machine than stock PPO)"
         else:
             same = _settings_match_stock(by_algo[s.algo], by_algo[STOCK])
             ratio = f"{s.fps / stock.fps:.2f} ({'same settings but the variant' if same else 'different settings'})"
@@ -302,6 +334,7 @@ def env_table(
         lines.append(
             f"| {name} | {len(s.seeds)} | {s.final_steps} | {s.mean:.1f} ± {s.std:.1f} | {s.iqm:.1f} | "
             f"[{s.ci[0]:.1f}, {s.ci[1]:.1f}] | {crossing} | {s.wall_s:.0f} s | {s.fps:.0f} | {ratio} |"
+            + (f" {'+'.join(labels[m] for m in s.machines)} |" if labels else "")
         )
     return lines
 
@@ -496,10 +529,10 @@ def build_report(
         "(SB3 finishes the last rollout, so the final step count can exceed the budget by up to one rollout; it is the "
         "same for all algorithms with the same `n_steps x n_envs`). Across seeds: mean ± std (ddof 1), **IQM** = "
         "`scipy.stats.trim_mean(x, 0.25)` (rliable's interquartile mean; with 3 seeds it trims nothing and equals the "
-        "mean, with 5 it is the mean of the middle 3), **95 % CI** = percentile bootstrap of the IQM over seeds "
-        f"(`scipy.stats.bootstrap`, {N_RESAMPLES} resamples). **Steps to threshold**: per seed, the first evaluation "
-        "at or above the threshold; the median over seeds, with seeds that never reach it counted as infinite "
-        '("never" when half or more never do). **Wall-clock** is per run (setup, training, evaluations); '
+        "mean, with 5 it is the mean of the middle 3, with 16 of the middle 8), **95 % CI** = percentile bootstrap of "
+        f"the IQM over seeds (`scipy.stats.bootstrap`, {N_RESAMPLES} resamples). **Steps to threshold**: per seed, "
+        "the first evaluation at or above the threshold; the median over seeds, with seeds that never reach it counted as "
+        'infinite ("never" when half or more never do). **Wall-clock** is per run (setup, training, evaluations); '
         "**env-steps/s** counts training time only (evaluations excluded). Thresholds: "
         + ", ".join(f"{env} {value:g}" for env, value in THRESHOLDS.items())
         + " (Pendulum has no official threshold, -200 is a common choice; LunarLander's is its official one; "
@@ -507,16 +540,23 @@ def build_report(
         'without moving forward (so it reads "stays up", not "hops"); HalfCheetah\'s is a provisional choice).',
         "",
     ]
+    labels = machine_labels(runs)
     if any_marker is not None:
-        versions = ", ".join(f"{k} {v}" for k, v in any_marker["versions"].items())
         revisions = sorted(
             {str(run.marker.get("sb3_ppo_ext_revision")) for by_algo in runs.values() for rs in by_algo.values() for run in rs}
         )
-        versions += f"; sb3_ppo_ext commits of the runs: {', '.join(revisions)} (None: recorded before commits were)"
+        if len(labels) == 1:
+            where = f"Machine: {next(iter(labels))}"
+        else:
+            where = (
+                "Machines (column *machine* of the tables): "
+                + "; ".join(f"**{label}**: {name}" for name, label in labels.items())
+                + ". Wall-clock and env-steps/s depend on the machine: the ratio to stock PPO is only given within one"
+            )
         lines += [
-            f"Machine: {any_marker['cpu_count']} CPU cores, one torch thread per run, "
-            f"device {any_marker['budget']['device']}; "
-            f"{versions}. Evaluation: {any_marker['budget']['eval_episodes']} episodes.",
+            f"{where}. One torch thread per run, device {any_marker['budget']['device']}; sb3_ppo_ext commits of the "
+            f"runs: {', '.join(revisions)} (None: recorded before commits were). "
+            f"Evaluation: {any_marker['budget']['eval_episodes']} episodes.",
             "",
         ]
     lines += ["## What was run", "", *coverage_section(suite, runs), ""]
@@ -534,7 +574,7 @@ def build_report(
             "",
             f"Budget {budget['steps']} env steps, evaluation every {budget['eval_freq']} steps.",
             "",
-            *env_table(env_summaries, threshold, ordered, env_identical),
+            *env_table(env_summaries, threshold, ordered, env_identical, labels if len(labels) > 1 else None),
             "",
             f"![{env} learning curves]({figure.relative_to(out_md.parent).as_posix()})",
             "",

@@ -384,6 +384,27 @@ def test_report_names_a_variant_that_reproduced_stock_ppo(fixture_results, tmp_p
     ) in text
 
 
+def test_report_keeps_timings_of_different_machines_apart(fixture_results, tmp_path):
+    """Runs from two machines: a column says where each row ran, and no throughput ratio crosses machines."""
+    out = tmp_path / "BENCHMARKS.md"
+    argv = ["--results", str(fixture_results), "--out", str(out), "--figures", str(tmp_path), "--keep-data", ""]
+    assert report.main(argv) == 0
+    one_machine = out.read_text()
+    assert "Machine: 2 CPU cores; stable_baselines3 x." in one_machine and "| machine |" not in one_machine
+    assert "| 0.90 (same settings but the variant) |" in one_machine
+    for marker_path in (fixture_results / "Pendulum-v1" / "ppo_ext_clip").glob("*.done.json"):
+        marker = json.loads(marker_path.read_text())
+        marker["cpu_count"], marker["versions"] = 16, {"stable_baselines3": "x", "torch": "y"}
+        marker_path.write_text(json.dumps(marker))
+    assert report.main(argv) == 0
+    text = out.read_text()
+    assert "**A**: 2 CPU cores; stable_baselines3 x; **B**: 16 CPU cores; stable_baselines3 x, torch y." in text
+    assert "| 35 s | 1000 | — | A |" in text
+    assert "| 900 | — (ran on another machine than stock PPO) | B |" in text
+    # Returns are compared across machines as before (the target does not depend on timings).
+    assert "| Pendulum-v1 (`ppo_ext_clip`) | met | -151.7 vs -226.7 (+75.0) |" in text
+
+
 def test_run_lock_keeps_a_second_writer_out_of_a_running_run(tmp_path, capsys):
     """While one process runs a spec, another one neither trains it nor touches its files."""
     spec = benchmark.RunSpec("Pendulum-v1", "ppo", 0, 2048, 1024, 2, str(tmp_path))
