@@ -23,6 +23,7 @@ import dataclasses
 import json
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +147,7 @@ class Summary:
     threshold_steps: list[float]
     wall_s: float
     fps: float
-    machines: tuple[str, ...] = ()
+    machines: tuple[str, ...]
 
     @property
     def mean(self) -> float:
@@ -187,13 +188,18 @@ def machine(marker: dict[str, Any]) -> str:
     return f"{marker.get('cpu_count')} CPU cores; {versions}"
 
 
+def all_runs(runs: dict[str, dict[str, list[Run]]]) -> Iterator[Run]:
+    """Every run of ``runs``, env by env and algo by algo."""
+    for by_algo in runs.values():
+        for algo_runs in by_algo.values():
+            yield from algo_runs
+
+
 def machine_labels(runs: dict[str, dict[str, list[Run]]]) -> dict[str, str]:
     """A letter per machine, in order of first appearance."""
     labels: dict[str, str] = {}
-    for by_algo in runs.values():
-        for algo_runs in by_algo.values():
-            for run in algo_runs:
-                labels.setdefault(machine(run.marker), chr(ord("A") + len(labels)))
+    for run in all_runs(runs):
+        labels.setdefault(machine(run.marker), chr(ord("A") + len(labels)))
     return labels
 
 
@@ -517,7 +523,7 @@ def build_report(
     """Write the markdown report and the PNGs; return the summaries by env."""
     summaries: dict[str, list[Summary]] = {}
     identical = identical_to_stock(runs)
-    any_marker = next((run.marker for by_algo in runs.values() for algo_runs in by_algo.values() for run in algo_runs), None)
+    any_marker = next((run.marker for run in all_runs(runs)), None)
     lines = [
         "# Benchmarks: PPOExt against stock SB3 PPO",
         "",
@@ -542,9 +548,7 @@ def build_report(
     ]
     labels = machine_labels(runs)
     if any_marker is not None:
-        revisions = sorted(
-            {str(run.marker.get("sb3_ppo_ext_revision")) for by_algo in runs.values() for rs in by_algo.values() for run in rs}
-        )
+        revisions = sorted({str(run.marker.get("sb3_ppo_ext_revision")) for run in all_runs(runs)})
         if len(labels) == 1:
             where = f"Machine: {next(iter(labels))}"
         else:
@@ -611,15 +615,13 @@ def build_report(
 
 def keep_data(runs: dict[str, dict[str, list[Run]]], folder: Path) -> None:
     """Copy each run's CSV and done marker to ``folder/<env>/<algo>/`` (the report's committed evidence)."""
-    for by_algo in runs.values():
-        for algo_runs in by_algo.values():
-            for run in algo_runs:
-                target = folder / run.env / run.algo
-                target.mkdir(parents=True, exist_ok=True)
-                marker = run.csv_path.with_name(run.csv_path.name.replace(".csv", ".done.json"))
-                for source in (run.csv_path, marker):
-                    if source.resolve() != (target / source.name).resolve():
-                        shutil.copyfile(source, target / source.name)
+    for run in all_runs(runs):
+        target = folder / run.env / run.algo
+        target.mkdir(parents=True, exist_ok=True)
+        marker = run.csv_path.with_name(run.csv_path.name.replace(".csv", ".done.json"))
+        for source in (run.csv_path, marker):
+            if source.resolve() != (target / source.name).resolve():
+                shutil.copyfile(source, target / source.name)
 
 
 def main(argv: list[str] | None = None) -> int:
