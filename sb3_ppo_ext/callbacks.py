@@ -41,44 +41,19 @@ from stable_baselines3.common.utils import FloatSchedule, update_learning_rate
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppo_ext.reliability import save_model_atomically, save_vec_normalize_atomically
+from sb3_ppo_ext.validation import check_choice, check_positive_int, check_real, is_real, optional_real
 
 if TYPE_CHECKING:
     import gymnasium as gym
     import optuna
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
-
-
-def _check_finite(name: str, value: Any, low: float | None = None, high: float | None = None, strict: bool = True) -> float:
-    """``float(value)``, or a ValueError naming the parameter unless it is a finite number within the bounds."""
-    ok = _is_number(value) and math.isfinite(value)
-    if ok and low is not None:
-        ok = value > low if strict else value >= low
-    if ok and high is not None:
-        ok = value <= high
-    if not ok:
-        lower = "" if low is None else f" {'>' if strict else '>='} {low}"
-        upper = "" if high is None else f" and <= {high}"
-        raise ValueError(f"{name}={value!r} is invalid: expected a finite number{lower}{upper}")
-    return float(value)
-
-
-def _optional(name: str, value: Any, low: float | None = None, high: float | None = None, strict: bool = True) -> float | None:
-    return None if value is None else _check_finite(name, value, low, high, strict)
-
-
-def _check_positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name}={value!r} is invalid: expected an int >= 1")
-    return int(value)
-
-
-def _check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is invalid: expected one of {tuple(choices)}")
-    return value
+# The shared validators (one copy, in sb3_ppo_ext.validation), under the names this module uses.
+_is_number = is_real
+_check_finite = check_real
+_optional = optional_real
+_check_positive_int = check_positive_int
+_check_choice = check_choice
 
 
 def _measured_kl(logger_values: Mapping[str, Any], kl_key: str | None) -> tuple[str, float] | None:
