@@ -5,21 +5,38 @@ arguments are parsed, the default hyperparameter file is looked up inside the rl
 ``-optimize`` reads ``rl_zoo3.hyperparams_opt.HYPERPARAMS_SAMPLER`` / ``HYPERPARAMS_CONVERTER``.
 This module adds PPOExt at each of these seams, one rl-zoo3 module at a time, right after that
 module is first imported (:func:`on_zoo_module_imported`, called by the ``sb3_ppo_ext_zoo_hook``
-startup hook), or all at once (:func:`register`, used by ``python -m sb3_ppo_ext.zoo``). It
-changes nothing for rl-zoo3's own algorithms:
+startup hook), or all at once (:func:`register`, used by ``python -m sb3_ppo_ext.zoo``).
 
-- ``rl_zoo3.utils``: ``ALGOS["ppo_ext"] = PPOExt``; a malformed ``-params`` / ``--env-kwargs``
-  value becomes an argparse error (usage line, exit status 2) instead of a traceback.
-- ``rl_zoo3.hyperparams_opt``: the ``ppo_ext`` sampler and converter of :mod:`sb3_ppo_ext.samplers`.
-- ``rl_zoo3.exp_manager``: for ``--algo ppo_ext`` only, the default ``--conf-file`` is the
-  ``ppo_ext.yml`` shipped in this package; the settings are checked against PPOExt's parameters
-  before anything is written; activation names in ``policy_kwargs`` (``activation_fn: tanh``) are
-  mapped to torch classes without ``eval``; a run folder created by a failed run is removed;
-  an Optuna storage URL is opened (and checked) through :func:`sb3_ppo_ext.samplers.make_storage`
-  before a study starts or a ``--trial-id`` is loaded, and ``-optimize`` runs on that storage
-  object (Optuna's heartbeat: a dead worker's trial is failed and retried); ``--save-freq`` checkpoints are written
-  atomically with their VecNormalize statistics, and ``-i <checkpoint>`` resumes with them, with the
-  timestep count and (when KLAdaptiveLR is used) the checkpoint's learning rate.
+Every seam acts only when rl-zoo3 runs one of this package's algorithms (:data:`OUR_ALGOS`,
+tested by :func:`is_ours`); for rl-zoo3's own algorithms (``--algo ppo``, ``sac``, ...) each one
+calls rl-zoo3's original code unchanged, so they behave, save and evaluate exactly as without this
+package (``tests/test_zoo_seams.py`` runs ``--algo ppo`` both ways and compares). The seams, and why
+each exists:
+
+- ``rl_zoo3.utils.ALGOS``: ``ALGOS["ppo_ext"] = PPOExt`` (a new key; existing keys are kept), as
+  ``--algo`` choices are read from it when the parser is built.
+- ``rl_zoo3.utils.StoreDict.__call__``: for our algorithms a malformed ``-params`` /
+  ``--env-kwargs`` value becomes an argparse error (usage line, exit status 2) naming the value,
+  instead of rl-zoo3's traceback from ``eval``. The algorithm is read from the command line, as
+  ``-params`` may come before ``--algo``; for any other algorithm the error propagates as before.
+- ``rl_zoo3.hyperparams_opt.HYPERPARAMS_SAMPLER`` / ``HYPERPARAMS_CONVERTER``: new ``ppo_ext``
+  keys, the sampler and converter of :mod:`sb3_ppo_ext.samplers` (``-optimize``, ``--trial-id``).
+- ``ExperimentManager.__init__``: the default ``--conf-file`` is the ``ppo_ext.yml`` shipped in this
+  package (rl-zoo3 only looks inside its own package).
+- ``ExperimentManager._preprocess_hyperparams``: ``clip_range: null`` / ``clip_range_vf: null``
+  pass through (rl-zoo3 would make schedules of them), the settings are checked against PPOExt's
+  parameters before anything is written, and activation names in ``policy_kwargs``
+  (``activation_fn: tanh``) are mapped to torch classes without ``eval``.
+- ``ExperimentManager.setup_experiment``: a run folder created by a failed run is removed (it
+  would become the "latest" run that ``enjoy`` loads).
+- ``ExperimentManager.hyperparameters_optimization`` / ``load_trial``: an Optuna storage URL is
+  opened (and checked) through :func:`sb3_ppo_ext.samplers.make_storage` before a study starts or
+  a ``--trial-id`` is loaded, and ``-optimize`` runs on that storage object (Optuna's heartbeat: a
+  dead worker's trial is failed and retried); a run folder without a model is removed afterwards.
+- ``ExperimentManager.create_callbacks`` / ``_maybe_normalize`` / ``_load_pretrained_agent`` /
+  ``learn``: ``--save-freq`` checkpoints are written atomically with their VecNormalize statistics,
+  and ``-i <checkpoint>`` resumes with them, with the timestep count and (when KLAdaptiveLR is
+  used) the checkpoint's learning rate.
 
 Importing this module imports neither rl_zoo3 nor optuna.
 """
@@ -41,6 +58,9 @@ from sb3_ppo_ext.hyperparams import PPO_EXT_YML
 from sb3_ppo_ext.ppo_ext import PPOExt
 
 ALGO_NAME = "ppo_ext"
+# The rl-zoo3 algorithm names of this package. Every seam below acts only when rl-zoo3 runs one of
+# them (extend this set when an algorithm is registered); rl-zoo3's own algorithms are left as they are.
+OUR_ALGOS = frozenset({ALGO_NAME})
 # Keyword arguments that rl-zoo3 passes to the algorithm itself: a yml entry may not set them.
 ZOO_RESERVED_KWARGS = frozenset({"env", "tensorboard_log", "seed", "verbose", "device"})
 # Marks the rl-zoo3 objects already patched, so that registering twice changes nothing.
@@ -99,6 +119,29 @@ def check_hyperparams(hyperparams: dict[str, Any], source: str) -> dict[str, Any
 # --- rl_zoo3.utils ---------------------------------------------------------------------------
 
 
+def is_ours(algo: str | None) -> bool:
+    """Whether the rl-zoo3 algorithm name ``algo`` is one of this package's (:data:`OUR_ALGOS`)."""
+    return algo in OUR_ALGOS
+
+
+def _command_line_algo(namespace: Any) -> str | None:
+    """
+    The ``--algo`` of the command line being parsed, wherever it stands among the arguments.
+
+    argparse fills the namespace in command-line order, so while ``-params`` is parsed the
+    namespace may still hold the default algorithm: read ``--algo`` from ``sys.argv`` first.
+    """
+    import argparse
+
+    pre_parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre_parser.add_argument("--algo")
+    try:
+        algo = pre_parser.parse_known_args(sys.argv[1:])[0].algo
+    except SystemExit:  # a malformed --algo: rl-zoo3's own parser reports it
+        algo = None
+    return algo if algo is not None else getattr(namespace, "algo", None)
+
+
 def _register_algo(utils: ModuleType) -> None:
     utils.ALGOS.setdefault(ALGO_NAME, PPOExt)
     store_dict = utils.StoreDict
@@ -111,6 +154,8 @@ def _register_algo(utils: ModuleType) -> None:
         try:
             return original_call(self, parser, namespace, values, option_string)
         except Exception as error:
+            if not is_ours(_command_line_algo(namespace)):
+                raise  # rl-zoo3's own algorithms keep rl-zoo3's behaviour (a traceback)
             # rl-zoo3 evaluates each value as a Python expression: report which one failed.
             parser.error(
                 f"argument {option_string}: cannot parse {' '.join(values)!r} ({type(error).__name__}: {error}); "
@@ -148,14 +193,14 @@ def _patch_experiment_manager(exp_manager: ModuleType) -> None:
     @functools.wraps(original_init)
     def __init__(self, *args, **kwargs):
         bound = init_signature.bind(self, *args, **kwargs)
-        if bound.arguments.get("algo") == ALGO_NAME and bound.arguments.get("config") is None:
+        if is_ours(bound.arguments.get("algo")) and bound.arguments.get("config") is None:
             # rl-zoo3 looks for <rl_zoo3 package>/hyperparams/<algo>.yml; ours ships in sb3_ppo_ext.
             bound.arguments["config"] = str(PPO_EXT_YML)
         original_init(*bound.args, **bound.kwargs)
 
     @functools.wraps(original_preprocess)
     def _preprocess_hyperparams(self, hyperparams):
-        if self.algo != ALGO_NAME:
+        if not is_ours(self.algo):
             return original_preprocess(self, hyperparams)
         # rl-zoo3 turns clip_range / clip_range_vf into schedules and rejects None, which for
         # PPOExt means "off" (clip_range: null is the KL-penalty-only objective): keep them aside.
@@ -168,7 +213,7 @@ def _patch_experiment_manager(exp_manager: ModuleType) -> None:
 
     @functools.wraps(original_setup)
     def setup_experiment(self):
-        if self.algo != ALGO_NAME:
+        if not is_ours(self.algo):
             return original_setup(self)
         existed = os.path.exists(self.save_path)
         try:
@@ -181,13 +226,13 @@ def _patch_experiment_manager(exp_manager: ModuleType) -> None:
 
     @functools.wraps(original_load_trial)
     def load_trial(self, storage, *args, **kwargs):
-        if self.algo == ALGO_NAME:
+        if is_ours(self.algo):
             _check_storage(storage)  # --trial-id: a clear error for an unreachable database
         return original_load_trial(self, storage, *args, **kwargs)
 
     @functools.wraps(original_optimization)
     def hyperparameters_optimization(self):
-        if self.algo != ALGO_NAME:
+        if not is_ours(self.algo):
             return original_optimization(self)
         try:
             # Opens the database (and creates Optuna's tables) before any trial runs.
@@ -222,12 +267,12 @@ def _patch_checkpoints_and_resume(manager_class: Any) -> None:
     @functools.wraps(original_create_callbacks)
     def create_callbacks(self):
         original_create_callbacks(self)
-        if self.algo == ALGO_NAME:
+        if is_ours(self.algo):
             self.callbacks = [_atomic_checkpoints(callback) for callback in self.callbacks]
 
     @functools.wraps(original_maybe_normalize)
     def _maybe_normalize(self, env, eval_env):
-        stats = _checkpoint_vec_normalize(self.trained_agent) if self.algo == ALGO_NAME else None
+        stats = _checkpoint_vec_normalize(self.trained_agent) if is_ours(self.algo) else None
         if stats is None:
             return original_maybe_normalize(self, env, eval_env)
         from stable_baselines3.common.vec_env import VecNormalize
@@ -240,14 +285,14 @@ def _patch_checkpoints_and_resume(manager_class: Any) -> None:
 
     @functools.wraps(original_load_pretrained)
     def _load_pretrained_agent(self, hyperparams, env):
-        if self.algo == ALGO_NAME and any(type(c).__name__ == "KLAdaptiveLR" for c in self.callbacks):
+        if is_ours(self.algo) and any(type(c).__name__ == "KLAdaptiveLR" for c in self.callbacks):
             # The rate is state, like beta: KLAdaptiveLR adapted it and the checkpoint holds it.
             hyperparams = {k: v for k, v in hyperparams.items() if k != "learning_rate"}
         return original_load_pretrained(self, hyperparams, env)
 
     @functools.wraps(original_learn)
     def learn(self, model):
-        if self.algo != ALGO_NAME or not self.continue_training:
+        if not is_ours(self.algo) or not self.continue_training:
             return original_learn(self, model)
         # -i continues the run: the timestep count (and the checkpoint names) go on from the checkpoint's.
         return original_learn(self, _ContinuingModel(model))
