@@ -45,6 +45,7 @@ def _run_benchmark(out: Path, *extra: str) -> str:
     return result.stdout
 
 
+@pytest.mark.integration  # benchmark.py in subprocesses
 def test_matrix_writes_csvs_skips_finished_and_reruns_interrupted(tmp_path):
     out = tmp_path / "results"
     first = _run_benchmark(out)
@@ -425,6 +426,7 @@ def test_run_lock_keeps_a_second_writer_out_of_a_running_run(tmp_path, capsys):
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads worker pids from /proc")
+@pytest.mark.integration  # SIGKILL of a benchmark process
 def test_workers_exit_when_the_benchmark_process_is_killed(tmp_path):
     """A SIGKILLed benchmark leaves no worker behind that would go on writing its run's files."""
     out = tmp_path / "results"

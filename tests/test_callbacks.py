@@ -531,6 +531,7 @@ def zoo_train_command():
     return None
 
 
+@pytest.mark.integration  # rl-zoo3 in a subprocess
 def test_zoo_yml_callbacks_are_used(tmp_path):
     command = zoo_train_command()
     if command is None:

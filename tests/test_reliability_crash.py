@@ -29,6 +29,8 @@ from sb3_ppo_ext import PPOExt
 from sb3_ppo_ext.callbacks import KLAdaptiveLR
 from sb3_ppo_ext.reliability import ModelFileError, check_model_file, latest_checkpoint, list_checkpoints, resume
 
+pytestmark = pytest.mark.integration  # real processes killed with SIGKILL
+
 th.set_num_threads(1)
 
 # Child: save a model once, then save it again with the zip writer held half-way (marker "mid_save").

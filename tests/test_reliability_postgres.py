@@ -60,6 +60,7 @@ def _check_recovered(url: str, study_name: str, dead: int) -> None:
     assert optuna.trial.TrialState.RUNNING not in states and optuna.trial.TrialState.WAITING not in states
 
 
+@pytest.mark.integration  # PostgreSQL, SIGKILLed worker
 def test_plain_optuna_dead_worker_trial_is_failed_and_retried(postgres_url: str, tmp_path: Path):
     study_name = f"test-heartbeat-{uuid.uuid4().hex[:8]}"
     command = [
@@ -78,6 +79,7 @@ def test_plain_optuna_dead_worker_trial_is_failed_and_retried(postgres_url: str,
     _check_recovered(postgres_url, study_name, dead)
 
 
+@pytest.mark.integration  # PostgreSQL, SIGKILLed worker
 def test_zoo_optimize_dead_worker_trial_is_failed_and_retried(postgres_url: str, tmp_path: Path):
     study_name = f"test-zoo-heartbeat-{uuid.uuid4().hex[:8]}"
     command = [

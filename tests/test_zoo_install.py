@@ -16,6 +16,8 @@ import pytest
 import yaml
 from conftest import REPO_ROOT, Venv, build_venv
 
+pytestmark = pytest.mark.integration  # a fresh venv per session, rl-zoo3 in subprocesses
+
 # Small and fast: one env, 256-step rollouts, no periodic evaluation, one torch thread.
 TINY = "-n 256 --eval-freq -1 --num-threads 1 --seed 0 -params n_envs:1 n_steps:256"
 TIMEOUT = 300

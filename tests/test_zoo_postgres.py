@@ -22,6 +22,8 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 from sb3_ppo_ext import PPOExt
 from sb3_ppo_ext.samplers import make_storage, ppo_ext_kwargs_from_params, to_ppo_ext_kwargs
 
+pytestmark = pytest.mark.integration  # concurrent worker processes, PostgreSQL
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 N_WORKERS = 2
 N_TRIALS = 3  # per worker
