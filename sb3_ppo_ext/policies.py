@@ -16,9 +16,22 @@ from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
 
 from sb3_ppo_ext.distributions import ENTROPY_ESTIMATORS, TanhSquashedDistribution, rescale_tanh64
+from sb3_ppo_ext.validation import InvalidSettingError, check_bool
 
 DEFAULT_LOG_STD_BOUNDS = (-5.0, 2.0)
 DEFAULT_ENTROPY_ESTIMATOR = "mc"
+
+
+def _check_squashable_bounds(action_space: spaces.Space) -> None:
+    """A ValueError unless every bound of a Box action space is finite (the squashed head maps onto [low, high])."""
+    if not isinstance(action_space, spaces.Box):
+        return
+    low, high = action_space.low.astype(np.float64), action_space.high.astype(np.float64)
+    if not (np.isfinite(low).all() and np.isfinite(high).all()):
+        raise InvalidSettingError(
+            f"squash_output=True needs finite action bounds, got low={action_space.low} high={action_space.high}; "
+            "use policy_kwargs=dict(squash_output=False) (Gaussian plus clipping) for unbounded actions"
+        )
 
 
 class PPOExtActorCriticPolicy(ActorCriticPolicy):
@@ -80,9 +93,17 @@ class PPOExtActorCriticPolicy(ActorCriticPolicy):
         **kwargs: Any,
     ):
         is_box = isinstance(action_space, spaces.Box)
-        use_sde = bool(kwargs.get("use_sde", False))
+        # A string such as "false" is truthy and would switch the feature on: booleans must be booleans.
+        squash_output = check_bool("squash_output", squash_output, allow_none=True)
+        state_dependent_std = bool(check_bool("state_dependent_std", state_dependent_std))
+        use_sde = bool(check_bool("use_sde", kwargs.get("use_sde", False)))
+        for name in ("ortho_init", "full_std", "use_expln", "share_features_extractor", "normalize_images"):
+            if name in kwargs:
+                check_bool(name, kwargs[name])
         if squash_output is None:
             squash_output = is_box
+        if squash_output:
+            _check_squashable_bounds(action_space)
         if squash_output and not is_box:
             raise ValueError(
                 f"squash_output=True needs a Box action space, got {action_space}; "
@@ -133,7 +154,10 @@ class PPOExtActorCriticPolicy(ActorCriticPolicy):
         if self._squash_output:
             assert isinstance(action_space, spaces.Box)
             half_range = (action_space.high.astype(np.float64) - action_space.low.astype(np.float64)) / 2.0
-            self._log_half_range_sum = float(np.log(half_range).sum())
+            # A zero-width dimension (low == high, a fixed actuator) always receives ``low``: its
+            # log(half_range) = -inf is a constant that cancels in ratios and KLs, so it is left out
+            # to keep log-probabilities finite.
+            self._log_half_range_sum = float(np.log(half_range[half_range > 0]).sum())
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()

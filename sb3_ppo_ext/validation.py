@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -106,7 +106,8 @@ def check_int(name: str, value: Any, low: int | None = 1) -> int:
     """
     if not is_int(value) or (low is not None and value < low):
         bound = "" if low is None else f" >= {low}"
-        hint = " (a float: write it without a decimal point)" if is_real(value) and float(value).is_integer() else ""
+        whole_float = is_real(value) and not is_int(value) and float(value).is_integer()
+        hint = " (a float: write it without a decimal point)" if whole_float else ""
         raise InvalidSettingError(f"{name}={value!r} is invalid: expected an int{bound}{hint}")
     return int(value)
 
@@ -198,3 +199,21 @@ def check_number_or_schedule(
         allowed = f"a finite number{bound}, a schedule" + (" or None" if allow_none else "")
         raise InvalidSettingError(f"{name}={value!r} is invalid: expected {allowed}")
 
+
+# Checks of the arguments that the PPO family shares with SB3's PPO, by name (each takes the name and
+# the value). PPO accepts numpy scalars for each; a float is not an int. ``learning_rate`` (a number
+# or a schedule) is checked by the algorithm with :func:`check_number_or_schedule`.
+PPO_ARGUMENT_CHECKS: dict[str, Callable[[str, Any], Any]] = {
+    "learning_rate": lambda name, value: None,
+    "n_steps": check_positive_int,
+    "batch_size": check_positive_int,
+    "n_epochs": check_positive_int,
+    "gamma": lambda name, value: check_real(name, value, low=0.0, high=1.0, strict=False),
+    "gae_lambda": lambda name, value: check_real(name, value, low=0.0, high=1.0, strict=False),
+    "ent_coef": check_real,
+    "vf_coef": check_real,
+    "normalize_advantage": check_bool,
+    "use_sde": check_bool,
+    "sde_sample_freq": lambda name, value: check_int(name, value, low=None),
+    "stats_window_size": check_positive_int,
+}
