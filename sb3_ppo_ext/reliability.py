@@ -2,14 +2,20 @@
 
 - :func:`atomic_path` writes a file under a temporary name in the target's folder and renames it
   over the target only once it is complete and on disk (``os.replace``), so an interrupted save
-  never replaces the previous good file with a broken one. :meth:`sb3_ppo_ext.PPOExt.save` uses it.
+  never replaces the previous good file with a broken one. Otherwise it behaves like a plain
+  ``open(path, "wb")``: it writes through a symlink, keeps the file's mode, works for names up to
+  the file-name limit and for concurrent writers. Temporary files left by killed processes are
+  removed by the next save into the same folder. :meth:`sb3_ppo_ext.PPOExt.save` uses it.
 - :class:`AtomicCheckpointCallback` is SB3's ``CheckpointCallback`` with atomic saves of the model
   (any SB3 algorithm) and of the ``VecNormalize`` statistics, the statistics first, so that every
-  model checkpoint on disk has its statistics next to it.
+  model checkpoint on disk has its statistics next to it. It never writes a checkpoint whose
+  weights or statistics hold a NaN or an infinity.
 - :func:`latest_checkpoint` / :func:`resume` find the newest complete checkpoint of a run and load
-  it, with its ``VecNormalize`` statistics, into a fresh environment after a crash.
+  it, with its ``VecNormalize`` statistics, into a fresh environment after a crash; :func:`resume`
+  skips broken checkpoints (with a warning saying why) and falls back to the previous good one.
 - :func:`check_model_file` (called by :meth:`sb3_ppo_ext.PPOExt.load`) turns a truncated, corrupt
-  or foreign model file into a :class:`ModelFileError` that names the file and the problem.
+  or foreign model file into a :class:`ModelFileError` that names the file and the problem;
+  :func:`model_family` tells which algorithm family wrote a model file.
 
 A model zip holds pickled objects (SB3 stores schedules, spaces and the policy class with
 cloudpickle): loading one runs code from it. Load only files you trust (see the README).
@@ -19,32 +25,149 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import io
 import json
+import math
 import os
 import re
+import secrets
+import socket
+import stat
+import threading
+import warnings
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
+import numpy as np
+import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import CheckpointCallback
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
 AlgorithmT = TypeVar("AlgorithmT", bound=BaseAlgorithm)
+FileT = TypeVar("FileT", bound=IO[bytes])
 
 # Attributes every PPO-family model file (stock PPO or PPOExt) stores; another algorithm lacks some.
 PPO_DATA_KEYS = ("n_steps", "batch_size", "n_epochs", "clip_range", "gae_lambda", "ent_coef", "vf_coef")
-# Attributes only PPOExt stores.
-PPO_EXT_DATA_KEYS = ("kl_coef", "current_kl_coef", "vf_clip_mode")
 
 
 class ModelFileError(ValueError):
     """A model file cannot be loaded: the message names the file and the problem."""
 
 
+class ForeignModelFileError(ModelFileError):
+    """A sound model file, saved by an algorithm family that the loading class does not accept."""
+
+
+class CheckpointWarning(RuntimeWarning):
+    """A checkpoint was not written (non-finite state) or was skipped by :func:`resume` (broken)."""
+
+
+# --- non-finite values -------------------------------------------------------------------------
+
+
+def non_finite_entries(value: Any, name: str = "") -> list[str]:
+    """
+    The names of the floating-point entries of ``value`` that hold a NaN or an infinity.
+
+    :param value: a tensor, array, number, or a (nested) dict / list / tuple of them; other
+        objects (ints, strings, None, ...) count as finite
+    :param name: the name of ``value`` in the result (dict keys and list positions are appended)
+    :return: e.g. ``["policy.mlp_extractor.policy_net.0.weight"]``; empty when all is finite
+    """
+    if isinstance(value, Mapping):
+        return [entry for key, item in value.items() for entry in non_finite_entries(item, f"{name}.{key}" if name else str(key))]
+    if isinstance(value, (list, tuple)):
+        return [entry for index, item in enumerate(value) for entry in non_finite_entries(item, f"{name}[{index}]")]
+    if isinstance(value, th.Tensor):
+        finite = not value.is_floating_point() or bool(th.isfinite(value).all())
+    elif isinstance(value, (float, np.floating, np.ndarray)):
+        array = np.asarray(value)
+        finite = not np.issubdtype(array.dtype, np.floating) or bool(np.isfinite(array).all())
+    else:
+        return []
+    return [] if finite else [name or "value"]
+
+
+def vec_normalize_problems(vec_normalize: VecNormalize) -> list[str]:
+    """
+    The non-finite ``VecNormalize`` statistics: ``obs_rms`` (one per key for dict observations)
+    and ``ret_rms``, mean and var.
+
+    :param vec_normalize: the statistics to check
+    :return: e.g. ``["ret_rms.var"]``; empty when all are finite
+    """
+    statistics: dict[str, Any] = {}
+    obs_rms = getattr(vec_normalize, "obs_rms", None)
+    running = obs_rms.items() if isinstance(obs_rms, Mapping) else [("", obs_rms)]
+    for key, rms in running:
+        if rms is not None:
+            statistics[f"obs_rms[{key!r}]" if key else "obs_rms"] = {"mean": rms.mean, "var": rms.var}
+    ret_rms = getattr(vec_normalize, "ret_rms", None)
+    if ret_rms is not None:
+        statistics["ret_rms"] = {"mean": ret_rms.mean, "var": ret_rms.var}
+    return non_finite_entries(statistics)
+
+
+def _listed(names: list[str], limit: int = 4) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
 # --- atomic writes -----------------------------------------------------------------------------
+
+# Temporary files: ``.sb3_ppo_ext-tmp-<host>-<pid>-<thread>-<random>``. Short (a target name near
+# the 255-byte limit still works), hidden, matching no ``*.zip`` / ``*.pkl`` pattern, and unique
+# per call. The host (a hash of the host name) and pid let a later save tell a temporary file of
+# a dead process on this machine from one being written right now.
+TEMPORARY_PREFIX = ".sb3_ppo_ext-tmp-"
+_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+_TEMPORARY_NAME = re.compile(rf"{re.escape(TEMPORARY_PREFIX)}(?P<host>[0-9a-f]{{8}})-(?P<pid>\d+)-\d+-[0-9a-f]+")
+
+
+def temporary_name() -> str:
+    """A fresh temporary file name for :func:`atomic_path` in this process and thread."""
+    return f"{TEMPORARY_PREFIX}{_HOST}-{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}"
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: it exists, as another user's process
+        return True
+    return True
+
+
+def remove_stale_temporary_files(folder: str | os.PathLike[str]) -> list[Path]:
+    """
+    Remove the temporary files that :func:`atomic_path` calls killed on this machine left in ``folder``.
+
+    Only regular files named like :func:`temporary_name`, written on this host (by its name), by a
+    process that is no longer alive, are removed; a save in progress (in any process) is left
+    alone, and so is every other file. Does nothing except on POSIX systems.
+
+    :param folder: the folder to clean
+    :return: the files removed
+    """
+    removed: list[Path] = []
+    if os.name != "posix":
+        return removed
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+        for entry in entries:
+            match = _TEMPORARY_NAME.fullmatch(entry.name)
+            if match is None or match["host"] != _HOST or not entry.is_file(follow_symlinks=False):
+                continue
+            if _process_alive(int(match["pid"])):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+    return removed
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -56,25 +179,49 @@ def _fsync_directory(directory: Path) -> None:
             os.close(fd)
 
 
+def _open_temporary(temporary: Path, like: os.stat_result | None) -> io.BufferedWriter:
+    """Create ``temporary`` for writing with the mode ``open()`` would give the target: the existing file's, else the umask's."""
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        if like is not None and hasattr(os, "fchmod"):
+            os.fchmod(fd, stat.S_IMODE(like.st_mode))
+            if (like.st_uid, like.st_gid) != (os.getuid(), os.getgid()):
+                with contextlib.suppress(OSError):  # only root may give a file away; a group we are in is fine
+                    os.fchown(fd, like.st_uid, like.st_gid)
+        return os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[io.BufferedWriter]:
     """
     Open a temporary file next to ``path`` for writing; on success make it ``path`` in one step.
 
-    The temporary file (``.<name>.tmp-<pid>``, hidden, so that no ``*.zip`` pattern matches it)
-    is flushed and fsynced, then renamed over ``path`` with ``os.replace`` (atomic on POSIX and
-    Windows within one file system). If the block raises, the temporary file is removed and
-    ``path`` is untouched; if the process is killed, ``path`` is untouched and the temporary file
-    is left behind.
+    The temporary file (:func:`temporary_name`: hidden and short) is flushed and fsynced, then
+    renamed over ``path`` with ``os.replace`` (atomic on POSIX and Windows within one file system).
+    As with ``open(path, "wb")``: a symlink ``path`` is written through (its target is replaced,
+    the link stays); an existing file keeps its mode (and, where allowed, its owner and group); a
+    new file gets the mode the umask gives. Each call has its own temporary file, so concurrent
+    saves to one path never mix: the last to finish wins, complete. Before writing, temporary
+    files of dead processes in the folder are removed (:func:`remove_stale_temporary_files`).
+    If the block raises, the temporary file is removed and ``path`` is untouched; if the process
+    is killed, ``path`` is untouched and the temporary file waits for the next save to remove it.
 
     :param path: the final file (its folder is created if needed)
     :return: a binary file object open for writing
     """
-    target = Path(path)
+    target = Path(os.path.realpath(path))  # through symlinks, like open()
     target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    remove_stale_temporary_files(target.parent)
     try:
-        with open(temporary, "wb") as file:
+        existing: os.stat_result | None = os.stat(target)
+    except FileNotFoundError:
+        existing = None
+    temporary = target.with_name(temporary_name())
+    try:
+        with _open_temporary(temporary, existing) as file:
             yield file
             file.flush()
             os.fsync(file.fileno())
@@ -113,6 +260,25 @@ def save_vec_normalize_atomically(vec_normalize: VecNormalize, path: str | os.Pa
 # --- checkpoints -------------------------------------------------------------------------------
 
 
+def model_state_problems(model: BaseAlgorithm) -> list[str]:
+    """
+    The non-finite parts of what a checkpoint of ``model`` would hold: weights and optimizer
+    state (``model.get_parameters()``) and the ``VecNormalize`` statistics of its env, if any.
+
+    :param model: the model to check
+    :return: a description per non-finite part; empty when all is finite
+    """
+    problems = []
+    weights = non_finite_entries(model.get_parameters())
+    if weights:
+        problems.append(f"non-finite weights or optimizer state ({_listed(weights)})")
+    vec_normalize = model.get_vec_normalize_env()
+    statistics = [] if vec_normalize is None else vec_normalize_problems(vec_normalize)
+    if statistics:
+        problems.append(f"non-finite VecNormalize statistics ({_listed(statistics)})")
+    return problems
+
+
 class AtomicCheckpointCallback(CheckpointCallback):
     """
     SB3's ``CheckpointCallback`` whose every file is written atomically (:func:`atomic_path`).
@@ -124,6 +290,11 @@ class AtomicCheckpointCallback(CheckpointCallback):
     The model file carries everything else a resume needs: ``num_timesteps``, PPOExt's live
     ``current_kl_coef`` (beta) and the learning rate (``KLAdaptiveLR`` keeps its adapted rate in
     ``model.learning_rate``).
+
+    A checkpoint is never written from a poisoned state: when the weights, the optimizer state
+    or the ``VecNormalize`` statistics (``obs_rms`` / ``ret_rms``, e.g. after a NaN reward) hold a
+    NaN or an infinity, that checkpoint is skipped with a :class:`CheckpointWarning` saying why,
+    and the previous good ones stay (``keep_last`` removes nothing then).
 
     :param save_freq: save every ``save_freq`` calls of the callback (``max(steps // n_envs, 1)`` for steps)
     :param save_path: folder of the checkpoints
@@ -152,8 +323,21 @@ class AtomicCheckpointCallback(CheckpointCallback):
             self.save_checkpoint()
         return True
 
-    def save_checkpoint(self) -> Path:
-        """Write a checkpoint now (statistics first, then the model); return the model file."""
+    def save_checkpoint(self) -> Path | None:
+        """
+        Write a checkpoint now (statistics first, then the model).
+
+        :return: the model file, or None when the checkpoint was skipped because of non-finite state
+        """
+        problems = model_state_problems(self.model)
+        if problems:
+            warnings.warn(
+                f"AtomicCheckpointCallback: checkpoint at {self.num_timesteps} steps not written: "
+                f"{'; '.join(problems)}. The previous checkpoints are kept.",
+                CheckpointWarning,
+                stacklevel=2,
+            )
+            return None
         vec_normalize = self.model.get_vec_normalize_env()
         if self.save_vecnormalize and vec_normalize is not None:
             stats_path = save_vec_normalize_atomically(vec_normalize, self._checkpoint_path("vecnormalize_", extension="pkl"))
@@ -181,23 +365,97 @@ class Checkpoint:
     vec_normalize_path: Path | None
 
 
+def statistics_name(name_prefix: str, timesteps: int) -> str:
+    """The name SB3's ``CheckpointCallback`` gives the ``VecNormalize`` statistics of the checkpoint at ``timesteps``."""
+    return f"{name_prefix}_vecnormalize_{timesteps}_steps.pkl"
+
+
 def list_checkpoints(save_path: str | os.PathLike[str], name_prefix: str = "rl_model") -> list[Checkpoint]:
-    """The checkpoints in ``save_path`` (:class:`AtomicCheckpointCallback` or SB3's ``CheckpointCallback``), oldest first."""
+    """
+    The checkpoints in ``save_path`` (:class:`AtomicCheckpointCallback` or SB3's ``CheckpointCallback``), oldest first.
+
+    ``name_prefix`` is matched literally (``run[1]`` is a name, not a glob pattern).
+    """
     folder = Path(save_path)
     pattern = re.compile(rf"{re.escape(name_prefix)}_(\d+)_steps\.zip")
     found = []
-    for file in folder.glob(f"{name_prefix}_*_steps.zip") if folder.is_dir() else []:
+    for file in folder.iterdir() if folder.is_dir() else []:
         match = pattern.fullmatch(file.name)
         if match:
-            stats = folder / f"{name_prefix}_vecnormalize_{match.group(1)}_steps.pkl"
+            stats = folder / statistics_name(name_prefix, int(match.group(1)))
             found.append(Checkpoint(int(match.group(1)), file, stats if stats.is_file() else None))
     return sorted(found, key=lambda checkpoint: checkpoint.timesteps)
 
 
 def latest_checkpoint(save_path: str | os.PathLike[str], name_prefix: str = "rl_model") -> Checkpoint | None:
-    """The newest checkpoint in ``save_path``, or None."""
+    """The newest checkpoint in ``save_path``, or None (no check of its contents: :func:`resume` does that)."""
     checkpoints = list_checkpoints(save_path, name_prefix)
     return checkpoints[-1] if checkpoints else None
+
+
+def _trained_with_vec_normalize(data: Mapping[str, Any]) -> bool:
+    """
+    Whether an on-policy model file's ``data`` says its run had a ``VecNormalize``: SB3's
+    ``_setup_learn`` sets ``_last_original_obs`` only then (off-policy algorithms always set it).
+    """
+    return "buffer_size" not in data and data.get("_last_original_obs") is not None
+
+
+def _model_file_problems(file: Path) -> list[str]:
+    """NaN / inf in a model file's weights (every ``.pth`` member, read with ``weights_only``) or numbers of its ``data``."""
+    problems = []
+    with zipfile.ZipFile(file) as archive:
+        data = json.loads(archive.read("data"))
+        numbers = [key for key, value in data.items() if isinstance(value, float) and not math.isfinite(value)]
+        if numbers:
+            problems.append(f"non-finite {_listed(numbers)} in its data")
+        for name in archive.namelist():
+            if name.endswith(".pth"):
+                with archive.open(name) as member:
+                    state = th.load(io.BytesIO(member.read()), map_location="cpu", weights_only=True)
+                bad = non_finite_entries(state, name.removesuffix(".pth"))
+                if bad:
+                    problems.append(f"non-finite weights ({_listed(bad)})")
+    return problems
+
+
+def _open_checkpoint(
+    algorithm: type[BaseAlgorithm], checkpoint: Checkpoint, env: VecEnv, name_prefix: str, series_has_statistics: bool
+) -> tuple[str | None, VecEnv]:
+    """
+    Check one checkpoint's files and open its statistics around ``env``.
+
+    :return: ``(problem, env)``: the reason to skip it (or None) and the env to load it into
+    :raises ForeignModelFileError: the model file is sound but of another algorithm family (a
+        mistake of the caller, not a broken checkpoint)
+    """
+    try:
+        check_model_file(checkpoint.model_path, algorithm.__name__, getattr(algorithm, "_model_families", None))
+        problems = _model_file_problems(checkpoint.model_path)
+        with zipfile.ZipFile(checkpoint.model_path) as archive:
+            with_statistics = _trained_with_vec_normalize(json.loads(archive.read("data")))
+    except ForeignModelFileError:
+        raise
+    except Exception as error:  # any other failure to read it makes the file unusable
+        return f"{type(error).__name__}: {error}", env
+    if problems:
+        return "; ".join(problems), env
+    if checkpoint.vec_normalize_path is None:
+        if series_has_statistics or with_statistics:
+            reason = "its model was trained with VecNormalize" if with_statistics else "other checkpoints of the run have them"
+            stats_name = statistics_name(name_prefix, checkpoint.timesteps)
+            return f"its VecNormalize statistics {stats_name} are missing, and {reason}", env
+        return None, env
+    try:
+        vec_normalize = VecNormalize.load(str(checkpoint.vec_normalize_path), env)
+    except AssertionError:  # set_venv: the env's observation space is not the saved one (the caller's env)
+        raise
+    except Exception as error:  # truncated or damaged pickle
+        return f"its VecNormalize statistics {checkpoint.vec_normalize_path.name} cannot be read ({type(error).__name__}: {error})", env
+    statistics = vec_normalize_problems(vec_normalize)
+    if statistics:
+        return f"non-finite VecNormalize statistics ({_listed(statistics)}) in {checkpoint.vec_normalize_path.name}", env
+    return None, vec_normalize
 
 
 def resume(
@@ -208,29 +466,116 @@ def resume(
     **load_kwargs: Any,
 ) -> AlgorithmT:
     """
-    Load the newest checkpoint of a run into ``env``, ready for ``learn(..., reset_num_timesteps=False)``.
+    Load the newest good checkpoint of a run into ``env``, ready for ``learn(..., reset_num_timesteps=False)``.
 
     When the checkpoint has ``VecNormalize`` statistics, ``env`` (an unnormalised ``VecEnv``) is
     wrapped in the saved ``VecNormalize`` (``VecNormalize.load``), statistics and settings
     included; ``model.get_vec_normalize_env()`` returns it.
 
+    A broken newest checkpoint is skipped, with a :class:`CheckpointWarning` naming it and why,
+    for the previous one: a model file that is missing, truncated or corrupt, weights or numbers
+    that are NaN / inf, statistics that cannot be read or are NaN / inf, and statistics that are
+    missing although the run used ``VecNormalize`` (other checkpoints of the run have them, or the
+    model file says so): resuming without them would train on unnormalised inputs.
+
     :param algorithm: the class that saved the run (``PPOExt``, ``PPO``, ...)
     :param save_path: the checkpoint folder
     :param env: a fresh environment, without ``VecNormalize``
-    :param name_prefix: the checkpoints' prefix
+    :param name_prefix: the checkpoints' prefix (matched literally)
     :param load_kwargs: passed to ``algorithm.load``
     :return: the model, with its timestep count, optimizer state and (PPOExt) beta and learning rate
     :raises FileNotFoundError: no checkpoint in ``save_path``
+    :raises ModelFileError: no usable checkpoint (the message lists each one and why), or the
+        checkpoints were saved by another algorithm family (:class:`ForeignModelFileError`)
     """
-    checkpoint = latest_checkpoint(save_path, name_prefix)
-    if checkpoint is None:
+    checkpoints = list_checkpoints(save_path, name_prefix)
+    if not checkpoints:
         raise FileNotFoundError(f"no checkpoint {name_prefix}_<steps>_steps.zip in {save_path}")
-    if checkpoint.vec_normalize_path is not None:
-        env = VecNormalize.load(str(checkpoint.vec_normalize_path), env)
-    return algorithm.load(checkpoint.model_path, env=env, **load_kwargs)
+    series_has_statistics = any(checkpoint.vec_normalize_path is not None for checkpoint in checkpoints)
+    skipped = []
+    for checkpoint in reversed(checkpoints):
+        problem, checkpoint_env = _open_checkpoint(algorithm, checkpoint, env, name_prefix, series_has_statistics)
+        if problem is None:
+            return algorithm.load(checkpoint.model_path, env=checkpoint_env, **load_kwargs)
+        skipped.append(f"{checkpoint.model_path.name}: {problem}")
+        warnings.warn(
+            f"resume: skipped checkpoint {checkpoint.model_path} ({problem}); trying the previous one",
+            CheckpointWarning,
+            stacklevel=2,
+        )
+    raise ModelFileError(f"resume: no usable checkpoint in {save_path}: " + "; ".join(skipped))
 
 
 # --- model files -------------------------------------------------------------------------------
+
+# Policy modules that tell a family apart from PPO (same attributes, another rollout / policy interface).
+_FAMILY_OF_POLICY_MODULE = (
+    ("sb3_ppo_ext.maskable", "MaskablePPO"),
+    ("sb3_contrib.common.maskable", "MaskablePPO"),
+    ("sb3_ppo_ext.recurrent", "RecurrentPPO"),
+    ("sb3_contrib.common.recurrent", "RecurrentPPO"),
+)
+# How :func:`check_model_file` describes the families that are not an algorithm's name.
+_FAMILY_TEXT = {
+    "on-policy": "another on-policy algorithm (A2C, ...)",
+    "off-policy": "an off-policy algorithm (SAC, TD3, DQN, ...)",
+    "unknown": "another algorithm",
+}
+# The class that loads each family's files, for the message.
+_FAMILY_LOADER = {
+    "PPO": "stable_baselines3.PPO or sb3_ppo_ext.PPOExt",
+    "MaskablePPO": "sb3_contrib.MaskablePPO or sb3_ppo_ext.MaskablePPOExt",
+    "RecurrentPPO": "sb3_contrib.RecurrentPPO or sb3_ppo_ext.RecurrentPPOExt",
+}
+
+
+def _policy_module(data: Mapping[str, Any]) -> str:
+    policy_class = data.get("policy_class")
+    module = policy_class.get("__module__") if isinstance(policy_class, Mapping) else None
+    return module if isinstance(module, str) else ""
+
+
+def _family_and_reason(data: Mapping[str, Any]) -> tuple[str, str]:
+    module = _policy_module(data)
+    for prefix, family in _FAMILY_OF_POLICY_MODULE:
+        if module.startswith(prefix):  # sb3_ppo_ext.maskable, sb3_ppo_ext.maskable_policies, ...
+            return family, f"its policy class comes from {module}"
+    match = re.fullmatch(r"(?:stable_baselines3|sb3_contrib)\.(\w+)\..*", module)
+    if match and match.group(1) != "common":
+        return match.group(1).upper(), f"its policy class comes from {module}"
+    missing = [key for key in PPO_DATA_KEYS if key not in data]
+    if not missing:
+        return "PPO", f"it has PPO's {', '.join(PPO_DATA_KEYS)}"
+    lacks = f"it lacks {', '.join(missing)}"
+    if "cg_max_steps" in data:
+        return "TRPO", lacks
+    if "buffer_size" in data:
+        return "off-policy", lacks
+    return ("on-policy" if "n_steps" in data else "unknown"), lacks
+
+
+def model_family(data: Mapping[str, Any]) -> str:
+    """
+    The algorithm family whose ``save`` wrote a model file's ``data`` member (the JSON, read
+    without unpickling anything). A family is the upstream algorithm and its drop-ins: files of
+    stock ``PPO`` and of ``PPOExt`` are both ``"PPO"``, those of ``MaskablePPO`` and
+    ``MaskablePPOExt`` both ``"MaskablePPO"``.
+
+    Told first by the module of the saved policy class, then by the saved attributes:
+
+    - ``"MaskablePPO"``: a policy from ``sb3_contrib.common.maskable`` or ``sb3_ppo_ext.maskable*``;
+    - ``"RecurrentPPO"``: a policy from ``sb3_contrib.common.recurrent`` or ``sb3_ppo_ext.recurrent*``;
+    - the upper-cased algorithm module of an algorithm's own policy (``stable_baselines3.sac.policies``:
+      ``"SAC"``, ``sb3_contrib.qrdqn.policies``: ``"QRDQN"``);
+    - ``"PPO"``: PPO's attributes (``n_steps``, ``batch_size``, ``n_epochs``, ``clip_range``, ...),
+      with SB3's ``ActorCriticPolicy``, one of ``sb3_ppo_ext.policies`` or a custom policy (stock
+      PPO and PPOExt);
+    - ``"TRPO"``; otherwise ``"on-policy"`` (A2C, ...), ``"off-policy"`` or ``"unknown"``.
+
+    :param data: the model file's ``data`` member, as parsed JSON
+    :return: the family
+    """
+    return _family_and_reason(data)[0]
 
 
 def _resolve_model_path(path: str | os.PathLike[str]) -> Path:
@@ -241,63 +586,107 @@ def _resolve_model_path(path: str | os.PathLike[str]) -> Path:
     return path
 
 
-def _saved_by(data: dict[str, Any]) -> str:
-    """A guess, for the message, at the algorithm family that wrote a model file's ``data``."""
-    module = data.get("policy_class", {}).get("__module__", "") if isinstance(data.get("policy_class"), dict) else ""
-    match = re.search(r"(?:stable_baselines3|sb3_contrib)\.(\w+)\.", str(module))
-    if match and match.group(1) != "common":
-        return match.group(1).upper()
-    if "buffer_size" in data:
-        return "an off-policy algorithm (SAC, TD3, DQN, ...)"
-    return "another on-policy algorithm (A2C, ...)" if "n_steps" in data else "another algorithm"
+_LOCAL_FILE_HEADER = b"PK\x03\x04"
+_END_OF_CENTRAL_DIRECTORY = b"PK\x05\x06"
 
 
-def check_model_file(path: str | os.PathLike[str], algorithm: str = "PPOExt") -> Path:
-    """
-    Check, without unpickling anything, that ``path`` is a complete model file of the PPO family.
-
-    Accepted: files saved by PPOExt and by stock SB3 ``PPO`` (PPOExt is a drop-in: a stock PPO
-    file loads with its stock policy and PPOExt's extras at their defaults, i.e. PPO's objective).
-
-    :param path: the model file (``.zip`` is tried as SB3 does)
-    :param algorithm: the loading class's name, for the message
-    :return: the resolved file
-    :raises ModelFileError: missing, not a zip archive, truncated or corrupt (CRC), not an SB3
-        model, or saved by another algorithm; the message names the file and the problem
-    """
-    file = _resolve_model_path(path)
-    if not file.is_file():
-        raise ModelFileError(f"{algorithm}.load: model file {file} does not exist (nor {file}.zip)")
-    if file.stat().st_size == 0:
-        raise ModelFileError(f"{algorithm}.load: model file {file} is empty (0 bytes): an interrupted copy or save?")
+def _read_model_data(stream: IO[bytes], label: str, algorithm: str) -> dict[str, Any]:
+    """Check the archive in ``stream`` (seekable, read from its start) and return its parsed ``data``."""
+    size = stream.seek(0, io.SEEK_END)
+    if size == 0:
+        raise ModelFileError(f"{algorithm}.load: model file {label} is empty (0 bytes): an interrupted copy or save?")
+    stream.seek(0)
+    head = stream.read(4)
+    starts_as_zip = bool(head) and _LOCAL_FILE_HEADER.startswith(head)  # a file cut within its first 4 bytes too
+    truncated = (
+        f"{algorithm}.load: model file {label} is truncated or corrupt: it starts as a zip archive, but its end "
+        "(the archive's directory) is missing or damaged: an interrupted copy or save?"
+    )
     try:
-        with zipfile.ZipFile(file) as archive:
+        with zipfile.ZipFile(stream) as archive:
+            # An SB3 model stores its .pth members uncompressed, and each is itself a zip archive: in a
+            # truncated file, zipfile finds the directory of such a member. The file's own directory
+            # ends the file and lists a first member at offset 0.
+            stream.seek(max(size - 22 - len(archive.comment), 0))
+            own_directory = stream.read(4) == _END_OF_CENTRAL_DIRECTORY
+            first_offset = min((info.header_offset for info in archive.infolist()), default=0)
+            if starts_as_zip and (not own_directory or first_offset != 0):
+                raise ModelFileError(truncated + f" (the only directory found is that of a member archive at byte {first_offset})")
             broken = archive.testzip()
             if broken is not None:
-                raise ModelFileError(f"{algorithm}.load: model file {file} is corrupt: member {broken!r} fails its CRC check")
+                raise ModelFileError(f"{algorithm}.load: model file {label} is corrupt: member {broken!r} fails its CRC check")
             names = set(archive.namelist())
             if "data" not in names or "policy.pth" not in names:
                 raise ModelFileError(
-                    f"{algorithm}.load: {file} is a zip archive but not a Stable-Baselines3 model "
+                    f"{algorithm}.load: {label} is a zip archive but not a Stable-Baselines3 model "
                     f"(no 'data' / 'policy.pth' member; it holds {sorted(names)[:8]})"
                 )
             raw = archive.read("data")
     except zipfile.BadZipFile as error:
+        if starts_as_zip:
+            raise ModelFileError(f"{truncated} ({error})") from None
+        # SB3's own words for this case ("Error: the file <path> wasn't a zip-file") stay in the message.
         raise ModelFileError(
-            f"{algorithm}.load: model file {file} is not a valid zip archive ({error}): truncated, corrupt or not a model file"
+            f"{algorithm}.load: model file {label} is not a valid zip archive: the file {label} wasn't a zip-file "
+            f"({error}); not a model file, or one damaged from its start"
         ) from None
     except (EOFError, OSError, zipfile.LargeZipFile) as error:
-        raise ModelFileError(f"{algorithm}.load: model file {file} cannot be read ({type(error).__name__}: {error})") from None
+        raise ModelFileError(f"{algorithm}.load: model file {label} cannot be read ({type(error).__name__}: {error})") from None
     try:
         data = json.loads(raw)
     except ValueError as error:
-        raise ModelFileError(f"{algorithm}.load: model file {file} has a corrupt 'data' member ({error})") from None
+        raise ModelFileError(f"{algorithm}.load: model file {label} has a corrupt 'data' member ({error})") from None
     if not isinstance(data, dict):
-        raise ModelFileError(f"{algorithm}.load: model file {file} has a corrupt 'data' member (not a JSON object)")
-    missing = [key for key in PPO_DATA_KEYS if key not in data]
-    if missing:
-        raise ModelFileError(
-            f"{algorithm}.load: model file {file} was saved by {_saved_by(data)}, not PPO/PPOExt "
-            f"(it lacks {', '.join(missing)}); load it with the class that saved it"
+        raise ModelFileError(f"{algorithm}.load: model file {label} has a corrupt 'data' member (not a JSON object)")
+    return data
+
+
+def check_model_file(path: str | os.PathLike[str] | FileT, algorithm: str, accepted: Collection[str] | None) -> Path | FileT:
+    """
+    Check, without unpickling anything, that ``path`` is a complete model file of an accepted family.
+
+    Each algorithm class declares the families it loads in its ``_model_families`` class
+    attribute (PPOExt: ``{"PPO"}``, its own files and stock SB3 ``PPO``'s, as a drop-in: a stock
+    PPO file loads with its stock policy and PPOExt's extras at their defaults, i.e. PPO's
+    objective); :func:`model_family` tells a file's family.
+
+    :param path: the model file (``.zip`` is tried as SB3 does), or a binary file object
+        (``io.BytesIO``, an open file; it must be seekable, and its position is kept)
+    :param algorithm: the loading class's name, for the message
+    :param accepted: the families (:func:`model_family`) the loading class accepts; ``None``
+        accepts any Stable-Baselines3 model file
+    :return: the resolved file, or the file object itself
+    :raises ModelFileError: missing, empty, not a zip archive, truncated or corrupt (CRC), or not
+        an SB3 model; :class:`ForeignModelFileError` when saved by a family not in ``accepted``.
+        The message names the file and the problem.
+    """
+    if isinstance(path, (str, os.PathLike)):
+        file = _resolve_model_path(path)
+        if not file.is_file():
+            raise ModelFileError(f"{algorithm}.load: model file {file} does not exist (nor {file}.zip)")
+        with open(file, "rb") as stream:
+            data = _read_model_data(stream, str(file), algorithm)
+        result: Path | FileT = file
+        label = str(file)
+    else:
+        label = str(getattr(path, "name", None) or f"<{type(path).__name__}>")
+        if not (callable(getattr(path, "seekable", None)) and path.seekable()):
+            raise ModelFileError(
+                f"{algorithm}.load: model file object {label} cannot seek: a model zip needs random access "
+                "(read it into io.BytesIO first)"
+            )
+        position = path.tell()
+        try:
+            data = _read_model_data(path, label, algorithm)
+        finally:
+            path.seek(position)
+        result = path
+    family, reason = _family_and_reason(data)
+    if accepted is not None and family not in accepted:
+        loader = _FAMILY_LOADER.get(family)
+        raise ForeignModelFileError(
+            f"{algorithm}.load: model file {label} was saved by {_FAMILY_TEXT.get(family, family)} ({reason}), "
+            f"not by the {'/'.join(sorted(accepted))} family that {algorithm} loads; load it with the class that saved it"
+            + (f" ({loader})" if loader else "")
         )
-    return file
+    return result

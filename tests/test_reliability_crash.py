@@ -27,7 +27,14 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 from sb3_ppo_ext import PPOExt
 from sb3_ppo_ext.callbacks import KLAdaptiveLR
-from sb3_ppo_ext.reliability import ModelFileError, check_model_file, latest_checkpoint, list_checkpoints, resume
+from sb3_ppo_ext.reliability import (
+    TEMPORARY_PREFIX,
+    ModelFileError,
+    check_model_file,
+    latest_checkpoint,
+    list_checkpoints,
+    resume,
+)
 
 pytestmark = pytest.mark.integration  # real processes killed with SIGKILL
 
@@ -147,13 +154,15 @@ def test_sigkill_mid_save(tmp_path: Path, algorithm: str):
     _run_until([sys.executable, "-c", SAVE_CHILD, str(tmp_path), algorithm], tmp_path / "mid_save")
     assert (tmp_path / "first_saved").exists()
     if algorithm == "PPO":
-        with pytest.raises(ModelFileError, match=r"model\.zip is not a valid zip archive"):
-            check_model_file(tmp_path / "model.zip")
+        with pytest.raises(ModelFileError, match=r"model\.zip is truncated or corrupt"):
+            check_model_file(tmp_path / "model.zip", "PPO", None)
         return
     model = PPOExt.load(tmp_path / "model.zip", device="cpu")  # the first save, complete
     model.predict(np.zeros(3, np.float32))
-    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".model.zip.tmp-")]
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(TEMPORARY_PREFIX)]
     assert len(leftovers) == 1  # the killed save's temporary file, never renamed over model.zip
+    model.save(tmp_path / "other.zip")  # the next save into the folder removes it: its process is dead
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(TEMPORARY_PREFIX)] == []
 
 
 def test_sigkill_mid_update_then_resume(tmp_path: Path):

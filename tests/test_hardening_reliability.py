@@ -1,0 +1,359 @@
+"""Regression tests of the hardening issue's reliability items: checkpoints never poisoned by NaN
+(and ``resume`` falling back past broken ones), foreign and truncated model files, atomic saves
+that behave like plain saves, literal checkpoint prefixes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import threading
+import warnings
+import zipfile
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch as th
+from gymnasium import spaces
+from sb3_contrib import MaskablePPO, RecurrentPPO
+from sb3_contrib.common.envs import InvalidActionEnvDiscrete
+from stable_baselines3 import A2C, PPO, SAC
+from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+from sb3_ppo_ext import NonFiniteLossError, PPOExt
+from sb3_ppo_ext.reliability import (
+    TEMPORARY_PREFIX,
+    AtomicCheckpointCallback,
+    CheckpointWarning,
+    ForeignModelFileError,
+    ModelFileError,
+    atomic_path,
+    check_model_file,
+    list_checkpoints,
+    model_family,
+    remove_stale_temporary_files,
+    resume,
+    temporary_name,
+)
+
+TINY = dict(n_steps=32, batch_size=32, n_epochs=1, policy_kwargs=dict(net_arch=[8]), device="cpu", seed=0)
+
+th.set_num_threads(1)
+
+
+def _pendulum() -> DummyVecEnv:
+    return DummyVecEnv([lambda: gym.make("Pendulum-v1")])
+
+
+class NanRewardEnv(gym.Env):
+    """A Box env whose reward is NaN from step ``at`` on (a broken simulator)."""
+
+    observation_space = spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def __init__(self, at: int):
+        self.at, self.t = at, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        reward = float("nan") if self.t >= self.at else float(-np.square(action).sum())
+        return self.np_random.uniform(-1, 1, 3).astype(np.float32), reward, False, self.t % 50 == 0, {}
+
+
+# --- 1. NaN never reaches a checkpoint; resume falls back past broken ones ---------------------
+
+
+def test_nan_reward_never_poisons_a_checkpoint_and_resume_continues(tmp_path: Path):
+    """A NaN reward at step 70 poisons ret_rms; the checkpoint at 96 is skipped (warned), resume takes 64 and trains."""
+    env = VecNormalize(DummyVecEnv([lambda: NanRewardEnv(at=70)]))
+    model = PPOExt("MlpPolicy", env, **TINY)
+    callback = AtomicCheckpointCallback(save_freq=32, save_path=str(tmp_path))
+    with pytest.warns(CheckpointWarning, match=r"checkpoint at 96 steps not written: non-finite VecNormalize statistics \(ret_rms"):
+        with pytest.raises(NonFiniteLossError):
+            model.learn(160, callback=callback)
+    assert [c.timesteps for c in list_checkpoints(tmp_path)] == [32, 64]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CheckpointWarning)  # nothing to skip
+        loaded = resume(PPOExt, tmp_path, DummyVecEnv([lambda: NanRewardEnv(at=10**9)]), device="cpu")
+    stats = loaded.get_vec_normalize_env()
+    assert loaded.num_timesteps == 64 and stats is not None and np.isfinite(stats.ret_rms.var)
+    loaded.learn(32, reset_num_timesteps=False)
+    assert loaded.num_timesteps == 96
+
+
+def test_checkpoint_with_non_finite_weights_is_not_written(tmp_path: Path):
+    model = PPOExt("MlpPolicy", _pendulum(), **TINY)
+    callback = AtomicCheckpointCallback(save_freq=1, save_path=str(tmp_path))
+    callback.init_callback(model)
+    with th.no_grad():
+        next(model.policy.parameters())[0] = float("inf")
+    with pytest.warns(CheckpointWarning, match=r"non-finite weights or optimizer state \(policy\."):
+        assert callback.save_checkpoint() is None
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three checkpoints (32, 64, 96 steps) of a VecNormalize run."""
+    folder = tmp_path_factory.mktemp("run")
+    model = PPOExt("MlpPolicy", VecNormalize(_pendulum()), **TINY)
+    model.learn(96, callback=AtomicCheckpointCallback(save_freq=32, save_path=str(folder)))
+    return folder
+
+
+def _nan_statistics(path: Path) -> None:
+    vec_normalize = VecNormalize.load(str(path), _pendulum())
+    vec_normalize.ret_rms.var = np.float64("nan")
+    vec_normalize.save(str(path))
+
+
+def _nan_weights(path: Path) -> None:
+    model = PPOExt.load(path, device="cpu")
+    with th.no_grad():
+        next(model.policy.parameters()).fill_(float("nan"))
+    model.save(path)
+
+
+NEWEST_ZIP, NEWEST_PKL = "rl_model_96_steps.zip", "rl_model_vecnormalize_96_steps.pkl"
+BREAKAGES = {
+    "truncated_zip": (lambda f: (f / NEWEST_ZIP).write_bytes((f / NEWEST_ZIP).read_bytes()[:5000]), "truncated or corrupt"),
+    "not_a_zip": (lambda f: (f / NEWEST_ZIP).write_text("garbage"), "wasn't a zip-file"),
+    "truncated_pkl": (lambda f: (f / NEWEST_PKL).write_bytes((f / NEWEST_PKL).read_bytes()[:100]), "cannot be read"),
+    "nan_statistics": (lambda f: _nan_statistics(f / NEWEST_PKL), r"non-finite VecNormalize statistics \(ret_rms\.var\)"),
+    "nan_weights": (lambda f: _nan_weights(f / NEWEST_ZIP), r"non-finite weights \(policy\."),
+    "missing_pkl": (lambda f: (f / NEWEST_PKL).unlink(), r"statistics rl_model_vecnormalize_96_steps\.pkl are missing"),
+}
+
+
+@pytest.mark.parametrize("breakage", sorted(BREAKAGES))
+def test_resume_skips_a_broken_newest_checkpoint(run_folder: Path, tmp_path: Path, breakage: str):
+    folder = Path(shutil.copytree(run_folder, tmp_path / "run"))
+    breakage_of, reason = BREAKAGES[breakage]
+    breakage_of(folder)
+    with pytest.warns(CheckpointWarning, match=rf"skipped checkpoint .*{re.escape(NEWEST_ZIP)} \(.*{reason}.*trying the previous"):
+        model = resume(PPOExt, folder, _pendulum(), device="cpu")
+    assert model.num_timesteps == 64
+    stats = model.get_vec_normalize_env()
+    expected = VecNormalize.load(str(folder / "rl_model_vecnormalize_64_steps.pkl"), _pendulum())
+    assert stats is not None and np.array_equal(stats.obs_rms.mean, expected.obs_rms.mean)
+    model.learn(32, reset_num_timesteps=False)
+
+
+def test_resume_with_no_usable_checkpoint_lists_each_reason(run_folder: Path, tmp_path: Path):
+    folder = Path(shutil.copytree(run_folder, tmp_path / "run"))
+    for pkl in folder.glob("*.pkl"):
+        pkl.write_bytes(b"")
+    with pytest.warns(CheckpointWarning), pytest.raises(ModelFileError, match=r"no usable checkpoint .*rl_model_96_steps.zip: .*rl_model_32_steps.zip: "):
+        resume(PPOExt, folder, _pendulum(), device="cpu")
+
+
+def test_statistics_never_saved_for_a_vec_normalize_run_is_an_error(tmp_path: Path):
+    """save_vecnormalize=False on a VecNormalize run: the model file says it had VecNormalize, so resume refuses."""
+    model = PPOExt("MlpPolicy", VecNormalize(_pendulum()), **TINY)
+    model.learn(64, callback=AtomicCheckpointCallback(save_freq=32, save_path=str(tmp_path), save_vecnormalize=False))
+    with pytest.warns(CheckpointWarning), pytest.raises(ModelFileError, match="trained with VecNormalize"):
+        resume(PPOExt, tmp_path, _pendulum(), device="cpu")
+    plain = PPOExt("MlpPolicy", _pendulum(), **TINY)
+    plain.learn(32, callback=AtomicCheckpointCallback(save_freq=32, save_path=str(tmp_path / "plain")))
+    assert resume(PPOExt, tmp_path / "plain", _pendulum(), device="cpu").get_vec_normalize_env() is None
+
+
+def test_resume_of_another_algorithms_run_raises_at_once(tmp_path: Path):
+    A2C("MlpPolicy", _pendulum(), n_steps=32, policy_kwargs=dict(net_arch=[8]), device="cpu").learn(
+        32, callback=AtomicCheckpointCallback(save_freq=32, save_path=str(tmp_path))
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CheckpointWarning)
+        with pytest.raises(ForeignModelFileError, match="another on-policy algorithm"):
+            resume(PPOExt, tmp_path, _pendulum(), device="cpu")
+
+
+# --- 7. foreign, truncated and in-memory model files -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("models")
+    def small() -> dict:  # a fresh policy_kwargs each: SB3 algorithms add to it
+        return dict(policy_kwargs=dict(net_arch=[8]), device="cpu")
+
+    models = {
+        "PPOExt": PPOExt("MlpPolicy", "Pendulum-v1", n_steps=64, **small()),
+        "PPO": PPO("MlpPolicy", "Pendulum-v1", n_steps=64, **small()),
+        "A2C": A2C("MlpPolicy", "Pendulum-v1", **small()),
+        "SAC": SAC("MlpPolicy", "Pendulum-v1", buffer_size=64, **small()),
+        "MaskablePPO": MaskablePPO("MlpPolicy", InvalidActionEnvDiscrete(dim=8, n_invalid_actions=2), n_steps=64, **small()),
+        "RecurrentPPO": RecurrentPPO("MlpLstmPolicy", "Pendulum-v1", n_steps=64, **small()),
+    }
+    paths = {}
+    for name, model in models.items():
+        paths[name] = folder / f"{name}.zip"
+        model.save(paths[name])
+    return paths
+
+
+def _data(path: Path) -> dict:
+    with zipfile.ZipFile(path) as archive:
+        return json.loads(archive.read("data"))
+
+
+def test_model_family_of_real_files(model_files: dict[str, Path]):
+    families = {name: model_family(_data(path)) for name, path in model_files.items()}
+    assert families == {
+        "PPOExt": "PPO",
+        "PPO": "PPO",
+        "A2C": "on-policy",
+        "SAC": "SAC",
+        "MaskablePPO": "MaskablePPO",
+        "RecurrentPPO": "RecurrentPPO",
+    }
+    ppo_data = _data(model_files["PPO"])
+    for module, family in [
+        ("sb3_ppo_ext.maskable", "MaskablePPO"),
+        ("sb3_ppo_ext.maskable_policies", "MaskablePPO"),
+        ("sb3_ppo_ext.recurrent.policies", "RecurrentPPO"),
+        ("sb3_ppo_ext.policies", "PPO"),
+        ("my_project.policies", "PPO"),
+    ]:
+        assert model_family({**ppo_data, "policy_class": {"__module__": module}}) == family, module
+
+
+@pytest.mark.parametrize(
+    "saved_by, message",
+    [
+        ("MaskablePPO", r"saved by MaskablePPO \(its policy class comes from sb3_contrib\.common\.maskable\.policies\)"),
+        ("RecurrentPPO", r"saved by RecurrentPPO \(its policy class comes from sb3_contrib\.common\.recurrent\.policies\)"),
+    ],
+)
+def test_sb3_contrib_ppo_files_do_not_load_into_ppo_ext(model_files: dict[str, Path], saved_by: str, message: str):
+    with pytest.raises(ForeignModelFileError, match=rf"{message}, not by the PPO family that PPOExt loads.*sb3_contrib\.{saved_by}"):
+        PPOExt.load(model_files[saved_by], device="cpu")
+
+
+def test_file_objects_are_checked_too(model_files: dict[str, Path]):
+    """An A2C zip in a BytesIO is rejected like its path; a good BytesIO loads; the position is kept."""
+    foreign = io.BytesIO(model_files["A2C"].read_bytes())
+    with pytest.raises(ForeignModelFileError, match=r"<BytesIO> was saved by another on-policy algorithm"):
+        PPOExt.load(foreign, device="cpu")
+    good = io.BytesIO(model_files["PPOExt"].read_bytes())
+    good.seek(7)
+    assert check_model_file(good, "PPOExt", {"PPO"}) is good and good.tell() == 7
+    assert isinstance(PPOExt.load(io.BytesIO(model_files["PPOExt"].read_bytes()), device="cpu"), PPOExt)
+    with open(model_files["SAC"], "rb") as file, pytest.raises(ForeignModelFileError, match=r"SAC\.zip was saved by SAC"):
+        PPOExt.load(file, device="cpu")
+
+
+def test_truncated_files_are_reported_as_truncated(model_files: dict[str, Path], tmp_path: Path):
+    """Cut anywhere (zipfile alone takes most cuts for a zip of one embedded .pth archive), the file is 'truncated or corrupt'."""
+    data = model_files["PPOExt"].read_bytes()
+    broken = tmp_path / "cut.zip"
+    for size in range(1, len(data), 61):
+        broken.write_bytes(data[:size])
+        with pytest.raises(ModelFileError, match=rf"cut\.zip is truncated or corrupt: it starts as a zip archive"):
+            check_model_file(broken, "PPOExt", {"PPO"})
+
+
+def test_a_file_that_is_not_a_zip_keeps_sb3s_words(tmp_path: Path):
+    text = tmp_path / "notes.zip"
+    text.write_text("not a model\n")
+    with pytest.raises(ModelFileError, match=rf"is not a valid zip archive: the file {re.escape(str(text))} wasn't a zip-file"):
+        PPOExt.load(text, device="cpu")
+
+
+# --- 8. atomic saves behave like plain saves --------------------------------------------------
+
+
+def _no_temporaries(folder: Path) -> bool:
+    return not [p for p in folder.iterdir() if p.name.startswith(TEMPORARY_PREFIX)]
+
+
+def test_save_through_a_symlink_replaces_its_target(tmp_path: Path):
+    real = tmp_path / "store" / "model.zip"
+    real.parent.mkdir()
+    real.write_bytes(b"old")
+    link = tmp_path / "latest.zip"
+    link.symlink_to(real)
+    PPOExt("MlpPolicy", _pendulum(), **TINY).save(link)
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert zipfile.is_zipfile(real) and PPOExt.load(link, device="cpu").n_steps == 32
+    assert _no_temporaries(tmp_path) and _no_temporaries(real.parent)
+
+
+def test_save_keeps_the_mode_of_the_file_and_gives_a_new_file_the_umask_mode(tmp_path: Path):
+    model = PPOExt("MlpPolicy", _pendulum(), **TINY)
+    existing = tmp_path / "shared.zip"
+    existing.write_bytes(b"old")
+    existing.chmod(0o640)
+    model.save(existing)
+    assert stat.S_IMODE(existing.stat().st_mode) == 0o640
+    old_umask = os.umask(0o027)
+    try:
+        model.save(tmp_path / "new.zip")
+        with open(tmp_path / "plain", "wb"):
+            pass
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE((tmp_path / "new.zip").stat().st_mode) == stat.S_IMODE((tmp_path / "plain").stat().st_mode) == 0o640
+
+
+def test_save_to_a_name_at_the_file_name_limit(tmp_path: Path):
+    path = tmp_path / ("m" * 251 + ".zip")  # 255 bytes
+    PPOExt("MlpPolicy", _pendulum(), **TINY).save(path)
+    assert zipfile.is_zipfile(path) and len(temporary_name()) < 100
+
+
+def test_two_threads_saving_to_one_path_never_mix(tmp_path: Path):
+    path = tmp_path / "shared.bin"
+    contents = [bytes([n]) * 3_000_000 for n in (1, 2)]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def writer(content: bytes) -> None:
+        try:
+            barrier.wait()
+            for _ in range(10):
+                with atomic_path(path) as file:
+                    for start in range(0, len(content), 100_000):
+                        file.write(content[start : start + 100_000])
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=writer, args=(content,)) for content in contents]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and path.read_bytes() in contents and _no_temporaries(tmp_path)
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_stale_temporary_files_of_dead_processes_are_removed_on_the_next_save(tmp_path: Path):
+    ours = temporary_name()
+    host, pid = re.fullmatch(rf"{re.escape(TEMPORARY_PREFIX)}([0-9a-f]+)-(\d+)-.*", ours).groups()
+    dead = tmp_path / ours.replace(f"-{pid}-", f"-{_dead_pid()}-")
+    alive = tmp_path / temporary_name()  # this process: a save in progress
+    other_host = tmp_path / dead.name.replace(host, "0" * 8 if host != "0" * 8 else "1" * 8)
+    unrelated = [tmp_path / ".model.zip.tmp-999999", tmp_path / "notes.txt"]
+    for file in (dead, alive, other_host, *unrelated):
+        file.write_bytes(b"partial")
+    PPOExt("MlpPolicy", _pendulum(), **TINY).save(tmp_path / "model.zip")
+    assert not dead.exists()
+    assert all(file.exists() for file in (alive, other_host, *unrelated))
+    assert remove_stale_temporary_files(tmp_path) == []
