@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 import torch as th
+from sb3_contrib.common.maskable.distributions import MaskableCategoricalDistribution, MaskableMultiCategoricalDistribution
 from stable_baselines3.common.distributions import (
     BernoulliDistribution,
     CategoricalDistribution,
@@ -155,9 +156,17 @@ def torch_distributions(dist: Distribution) -> list[th.distributions.Distributio
         dist = dist.base
     if isinstance(dist, MultiCategoricalDistribution):
         return list(dist.distribution)
+    if isinstance(dist, MaskableMultiCategoricalDistribution):  # MultiDiscrete and MultiBinary with masks
+        return list(dist.distributions)
     if isinstance(
         dist,
-        (DiagGaussianDistribution, StateDependentNoiseDistribution, CategoricalDistribution, BernoulliDistribution),
+        (
+            DiagGaussianDistribution,
+            StateDependentNoiseDistribution,
+            CategoricalDistribution,
+            BernoulliDistribution,
+            MaskableCategoricalDistribution,
+        ),
     ):
         return [dist.distribution]
     raise NotImplementedError(f"No analytic KL for {type(dist).__name__}")
@@ -209,6 +218,28 @@ def concat_distributions(chunks: list[list[th.distributions.Distribution]]) -> l
     return out
 
 
+def categorical_kl(p: Categorical, q: Categorical) -> th.Tensor:
+    """
+    ``KL(p || q) = sum_k p_k (log p_k - log q_k)`` over the categories with ``p_k > 0``: torch's
+    formula, without its rule that makes the KL infinite where ``q_k`` underflows to 0. Masked
+    categories (sb3-contrib sets their logits to -1e8) have ``p_k = q_k = 0`` and add nothing, so the
+    KL between two masked distributions is finite, and 0 when they are equal.
+
+    :param p: e.g. the old policy's categorical distribution (batch first)
+    :param q: the new policy's, same shape
+    :return: tensor of shape ``batch_shape``
+    """
+    p_probs = p.probs
+    terms = p_probs * (p.logits - q.logits)
+    return th.where(p_probs == 0, th.zeros_like(terms), terms).sum(-1)
+
+
+def _kl(p: th.distributions.Distribution, q: th.distributions.Distribution) -> th.Tensor:
+    if isinstance(p, Categorical) and isinstance(q, Categorical):
+        return categorical_kl(p, q)
+    return th_kl_divergence(p, q)
+
+
 def analytic_kl(p: list[th.distributions.Distribution], q: list[th.distributions.Distribution]) -> th.Tensor:
     """
     Per-sample analytic ``KL(p || q)``, summed over action dimensions and sub-distributions.
@@ -219,7 +250,7 @@ def analytic_kl(p: list[th.distributions.Distribution], q: list[th.distributions
     """
     total = None
     for p_i, q_i in zip(p, q, strict=True):
-        kl = th_kl_divergence(p_i, q_i)
+        kl = _kl(p_i, q_i)
         if kl.dim() > 1:
             kl = kl.flatten(start_dim=1).sum(dim=1)
         total = kl if total is None else total + kl
@@ -252,7 +283,7 @@ def indexed_analytic_kl(
         if type(p_i) is Normal and type(q_i) is Normal:
             kl = _normal_kl(p_i.loc[index], p_i.scale[index], q_i.loc, q_i.scale)
         else:
-            kl = th_kl_divergence(index_distribution(p_i, index), q_i)
+            kl = _kl(index_distribution(p_i, index), q_i)
         if kl.dim() > 1:
             kl = kl.flatten(start_dim=1).sum(dim=1)
         total = kl if total is None else total + kl

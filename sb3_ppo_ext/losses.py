@@ -16,7 +16,15 @@ from torch.nn import functional as F
 VF_CLIP_MODES = ("clipped", "max")
 
 
-def clipped_surrogate_loss(advantages: th.Tensor, ratio: th.Tensor, clip_range: float | None) -> th.Tensor:
+def masked_mean(values: th.Tensor, valid: th.Tensor | None) -> th.Tensor:
+    """``values.mean()``, or the mean over the ``valid`` samples only (``th.mean(values[valid])``,
+    the operations of sb3-contrib's RecurrentPPO for padded sequences)."""
+    return values.mean() if valid is None else th.mean(values[valid])
+
+
+def clipped_surrogate_loss(
+    advantages: th.Tensor, ratio: th.Tensor, clip_range: float | None, valid: th.Tensor | None = None
+) -> th.Tensor:
     """
     PPO's clipped surrogate objective, negated for minimisation (Schulman et al. 2017, eq. 7):
 
@@ -26,13 +34,14 @@ def clipped_surrogate_loss(advantages: th.Tensor, ratio: th.Tensor, clip_range: 
     :param advantages: advantage estimates ``A``
     :param ratio: probability ratios ``r = pi(a|s) / pi_old(a|s)``
     :param clip_range: ``eps``, or ``None`` for no clipping
+    :param valid: boolean mask of the samples that count (padded sequences), ``None`` for all
     :return: scalar loss
     """
     surrogate = advantages * ratio
     if clip_range is None:
-        return -surrogate.mean()
+        return -masked_mean(surrogate, valid)
     clipped = advantages * th.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
-    return -th.min(surrogate, clipped).mean()
+    return -masked_mean(th.min(surrogate, clipped), valid)
 
 
 def kl_penalty_loss(kl: th.Tensor, kl_coef: float) -> th.Tensor:
@@ -57,6 +66,7 @@ def value_loss(
     returns: th.Tensor,
     clip_range_vf: float | None = None,
     mode: str = "clipped",
+    valid: th.Tensor | None = None,
 ) -> th.Tensor:
     """
     Value-function loss, always on the ``mean((V - R)^2)`` scale.
@@ -71,17 +81,19 @@ def value_loss(
     :param returns: value targets ``R``
     :param clip_range_vf: ``eps_v``, or ``None`` for no clipping
     :param mode: ``"clipped"`` or ``"max"``
+    :param valid: boolean mask of the samples that count (padded sequences), ``None`` for all
     :return: scalar loss
     """
-    # F.mse_loss(R, .) as stock PPO computes it (same kernel, hence the same bits, in its two forms).
-    if clip_range_vf is None:
-        return F.mse_loss(returns, values)
     if mode not in VF_CLIP_MODES:
         raise ValueError(f"vf_clip_mode={mode!r} is not one of {VF_CLIP_MODES}")
-    clipped = clip_values(values, old_values, clip_range_vf)
-    if mode == "clipped":
-        return F.mse_loss(returns, clipped)
-    return th.max((values - returns) ** 2, (clipped - returns) ** 2).mean()
+    predicted = values if clip_range_vf is None else clip_values(values, old_values, clip_range_vf)
+    if clip_range_vf is not None and mode == "max":
+        return masked_mean(th.max((values - returns) ** 2, (predicted - returns) ** 2), valid)
+    if valid is None:
+        # F.mse_loss(R, .) as stock PPO computes it (same kernel, hence the same bits, in its two forms).
+        return F.mse_loss(returns, predicted)
+    # RecurrentPPO's masked form, operation for operation.
+    return th.mean(((returns - predicted) ** 2)[valid])
 
 
 def clip_fraction(ratio: th.Tensor, clip_range: float) -> th.Tensor:
@@ -94,7 +106,7 @@ def value_clip_fraction(values: th.Tensor, old_values: th.Tensor, clip_range_vf:
     return (th.abs(values - old_values) > clip_range_vf).float().mean()
 
 
-def approx_kl_k3(log_ratio: th.Tensor) -> th.Tensor:
+def approx_kl_k3(log_ratio: th.Tensor, valid: th.Tensor | None = None) -> th.Tensor:
     """
     Schulman's unbiased, non-negative ``k3`` estimator of ``KL(pi_old || pi)`` from samples of
     ``pi_old``: ``mean((r - 1) - log r)`` with ``log r = log pi - log pi_old``.
@@ -103,9 +115,10 @@ def approx_kl_k3(log_ratio: th.Tensor) -> th.Tensor:
     more accurate ``expm1``), so that a ``target_kl`` early stop decides exactly as PPO's does.
 
     :param log_ratio: ``log pi(a|s) - log pi_old(a|s)`` for actions sampled from ``pi_old``
+    :param valid: boolean mask of the samples that count (padded sequences), ``None`` for all
     :return: scalar estimate
     """
-    return th.mean((th.exp(log_ratio) - 1) - log_ratio)
+    return masked_mean((th.exp(log_ratio) - 1) - log_ratio, valid)
 
 
 def adapt_kl_coef(

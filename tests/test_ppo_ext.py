@@ -22,6 +22,7 @@ from torch.distributions import kl_divergence
 
 from sb3_ppo_ext import NonFiniteLossError, PPOExt, losses
 from sb3_ppo_ext.distributions import TanhSquashedDistribution
+from sb3_ppo_ext.engine import Minibatch
 from sb3_ppo_ext.policies import PPOExtActorCriticPolicy
 
 TINY = dict(n_steps=32, batch_size=16, n_epochs=2, policy_kwargs=dict(net_arch=[16]), seed=0)
@@ -101,9 +102,9 @@ def first_minibatch_ratio(monkeypatch):
     captured = []
     original = losses.clipped_surrogate_loss
 
-    def spy(advantages, ratio, clip_range):
-        captured.append(ratio.detach().clone())
-        return original(advantages, ratio, clip_range)
+    def spy(advantages, ratio, clip_range, valid=None):
+        captured.append((ratio if valid is None else ratio[valid]).detach().clone())
+        return original(advantages, ratio, clip_range, valid)
 
     monkeypatch.setattr(losses, "clipped_surrogate_loss", spy)
     return captured
@@ -240,7 +241,7 @@ def test_target_kl_early_stop_is_reported():
 
 
 def test_diagnostic_means_are_sample_weighted():
-    from sb3_ppo_ext.ppo_ext import _UpdateStats
+    from sb3_ppo_ext.engine import _UpdateStats
 
     stats = _UpdateStats()
     stats.add_mean(3, x=th.tensor(1.0))
@@ -254,7 +255,7 @@ def test_diagnostic_means_are_sample_weighted():
 
 def test_diagnostic_means_with_keys_that_come_and_go():
     """Minibatches may log different key sets (e.g. a KL term from some minibatches only): each key has its own weights."""
-    from sb3_ppo_ext.ppo_ext import _UpdateStats
+    from sb3_ppo_ext.engine import _UpdateStats
 
     rng = np.random.default_rng(0)
     stats, log = _UpdateStats(), []
@@ -284,15 +285,16 @@ def test_entropy_logged_without_grad_changes_neither_loss_nor_gradient(monkeypat
     model = PPOExt("MlpPolicy", env, **kwargs_for("clip", squash))
     model.set_logger(configure(None, []))
     model.learn(64)
-    rollout = next(model.rollout_buffer.get(batch_size=None))
+    next(model.rollout_buffer.get(batch_size=None))  # flattens the buffer
     index = th.arange(0, 64, 3)
-    old = model._rollout_distributions(rollout.observations, 64)
+    rollout = model.rollout_buffer._get_samples(index.numpy())
+    batch = Minibatch(rollout, index, None)
     model.policy.set_training_mode(True)
 
     def losses_and_grads():
         model.policy.optimizer.zero_grad()
         th.manual_seed(7)
-        terms = model.minibatch_losses(rollout, index, rollout.actions, old, 0.2, None, 0.0)
+        terms = model.minibatch_losses(batch, None, 0.2, None, 0.0)
         terms["loss"].backward()
         grads = [p.grad.clone() for p in model.policy.parameters()]
         return terms, grads, th.get_rng_state()
@@ -327,8 +329,8 @@ def test_entropy_logged_without_grad_changes_neither_loss_nor_gradient(monkeypat
     assert calls == [True]
     model.policy.optimizer.zero_grad()
     th.manual_seed(7)
-    obs = rollout.observations[index]
-    _, log_prob, entropy, _ = original(model.policy, obs, rollout.actions[index])
+    obs = rollout.observations
+    _, log_prob, entropy, _ = original(model.policy, obs, rollout.actions)
     entropy_mean = -log_prob.mean() if entropy is None else entropy.mean()
     entropy_grads = th.autograd.grad(entropy_mean, list(model.policy.parameters()), allow_unused=True)
     assert th.allclose(with_bonus_terms["entropy"], ref_terms["entropy"])

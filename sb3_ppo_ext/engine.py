@@ -1,0 +1,590 @@
+"""The one PPO update that PPOExt, MaskablePPOExt and RecurrentPPOExt share.
+
+:class:`ExtUpdateEngine` is a mixin placed before the upstream algorithm in each class's bases
+(``PPOExt(ExtUpdateEngine, PPO)``, ``MaskablePPOExt(ExtUpdateEngine, MaskablePPO)``,
+``RecurrentPPOExt(ExtUpdateEngine, RecurrentPPO)``). Its ``train`` iterates the algorithm's own
+rollout buffer with ``get(batch_size)`` exactly as upstream does (same minibatches, same NumPy
+draws), and holds every loss term, the KL penalty and its beta rule, both value-clip forms,
+``target_kl``, the non-finite guard and every diagnostic once.
+
+What differs per algorithm is three named seams, each a method the algorithm overrides:
+
+- :meth:`ExtUpdateEngine._evaluate_samples`: how the policy scores a minibatch (action masks,
+  LSTM states and episode starts);
+- :meth:`ExtUpdateEngine._valid_samples`: which samples of a minibatch count (the unpadded steps
+  of a recurrent minibatch; ``None``: all of them);
+- :meth:`ExtUpdateEngine._rollout_distributions`: the policy's action distributions on the whole
+  rollout, in the buffer's flattened (environment-major) row order: ``pi_old`` before the update
+  (for the analytic KL penalty), ``pi_new`` after it (for the update's KL, beta and diagnostics).
+
+Which rollout rows a minibatch holds is read off the buffer itself: SB3's and sb3-contrib's
+buffers build every minibatch with ``_get_samples(batch_inds, ...)``, which the engine observes
+for the duration of an update (:func:`observed_batches`) without changing what it returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import os
+import pathlib
+from collections.abc import Iterable, Iterator
+from typing import Any, ClassVar, NamedTuple
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.buffers import BaseBuffer
+from stable_baselines3.common.type_aliases import GymEnv, PyTorchObs
+from stable_baselines3.common.utils import explained_variance
+
+from sb3_ppo_ext import losses
+from sb3_ppo_ext.distributions import (
+    analytic_kl,
+    index_distribution,
+    indexed_analytic_kl,
+    mean_std,
+    torch_distributions,
+)
+from sb3_ppo_ext.reliability import ModelFileError, atomic_path, check_model_file, zip_path
+
+# Threshold on |a| (in [-1, 1] units) above which a squashed action component counts as saturated.
+SATURATION_THRESHOLD = 0.99
+# Rows per forward pass when computing the whole rollout's distributions before and after an update.
+DISTRIBUTION_CHUNK = 2048
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Raised by the update before a non-finite loss or gradient reaches the parameters."""
+
+
+class Minibatch(NamedTuple):
+    """One minibatch as the engine sees it."""
+
+    samples: Any
+    """the buffer's own samples (``RolloutBufferSamples``, ``MaskableRolloutBufferSamples``, ...)"""
+    rows: th.Tensor
+    """rollout rows (flattened, environment-major) of the valid samples, in order"""
+    valid: th.Tensor | None
+    """boolean mask of the valid samples among ``samples``' rows; ``None``: all are valid"""
+
+
+class _UpdateStats:
+    """
+    Sample-weighted means (and extremes) of per-minibatch diagnostics over a whole update.
+
+    Per minibatch, the scalars of one ``add_mean`` call are stacked into one tensor and kept; the
+    weighted means are reduced once, when first read (one tensor op per minibatch instead of two
+    per diagnostic, and no host sync). Extremes keep the tensors and reduce them when read.
+    """
+
+    def __init__(self) -> None:
+        # keys of one add_mean call -> (stacked rows, weights)
+        self._rows: dict[tuple[str, ...], tuple[list[th.Tensor], list[float]]] = {}
+        self._means: dict[str, float] | None = None
+        self._extremes: dict[str, list[th.Tensor]] = {}
+
+    def add_mean(self, weight: float, **values: th.Tensor) -> None:
+        with th.no_grad():  # the scalars of one minibatch share dtype and device
+            row = th.stack(tuple(values.values()))
+        rows, weights = self._rows.setdefault(tuple(values), ([], []))
+        rows.append(row)
+        weights.append(float(weight))
+        self._means = None
+
+    def add_extremes(self, key: str, values: th.Tensor) -> None:
+        self._extremes.setdefault(key, []).append(values.detach().flatten())
+
+    def _reduce(self) -> dict[str, float]:
+        if self._means is None:
+            totals: dict[str, tuple[float, float]] = {}
+            for keys, (rows, weights) in self._rows.items():
+                weight = th.tensor(weights, dtype=th.float64, device=rows[0].device)
+                sums = (th.stack(rows).to(th.float64) * weight[:, None]).sum(dim=0).tolist()
+                for key, value in zip(keys, sums, strict=True):
+                    total, total_weight = totals.get(key, (0.0, 0.0))
+                    totals[key] = (total + value, total_weight + float(weight.sum().item()))
+            self._means = {key: total / total_weight for key, (total, total_weight) in totals.items()}
+        return self._means
+
+    def mean(self, key: str) -> float:
+        return float(self._reduce()[key])
+
+    def extremes(self, key: str) -> tuple[float, float]:
+        low, high = th.aminmax(th.cat(self._extremes[key]))
+        return float(low.item()), float(high.item())
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._reduce()
+
+
+@contextlib.contextmanager
+def observed_batches(buffer: BaseBuffer) -> Iterator[list[np.ndarray]]:
+    """
+    Record the ``batch_inds`` of every minibatch the buffer builds while the context is open.
+
+    SB3's and sb3-contrib's rollout buffers build each minibatch of ``get`` with
+    ``self._get_samples(batch_inds, ...)``, ``batch_inds`` being rows of the flattened
+    (environment-major) rollout. An instance attribute wraps that method: the minibatches, their
+    order and the random draws are untouched.
+
+    :param buffer: the rollout buffer
+    :return: the list the ``batch_inds`` are appended to, one array per minibatch
+    """
+    seen: list[np.ndarray] = []
+    original = buffer._get_samples  # type: ignore[attr-defined]
+
+    def observe(batch_inds: np.ndarray, *args: Any, **kwargs: Any) -> Any:
+        seen.append(batch_inds)
+        return original(batch_inds, *args, **kwargs)
+
+    buffer._get_samples = observe  # type: ignore[attr-defined]
+    try:
+        yield seen
+    finally:
+        del buffer._get_samples  # type: ignore[attr-defined]
+
+
+def flat_rollout(buffer: BaseBuffer, array: np.ndarray) -> np.ndarray:
+    """
+    A rollout array in the row order of the buffer's minibatches: ``(n_steps, n_envs, ...)`` ->
+    ``(n_envs * n_steps, ...)``, unless the buffer's first ``get`` has already flattened it.
+    """
+    return array if buffer.generator_ready else buffer.swap_and_flatten(array)  # type: ignore[attr-defined]
+
+
+def flat_observations(buffer: BaseBuffer) -> PyTorchObs:
+    """The rollout's observations as tensors, flattened in the buffer's row order (dict observations per key)."""
+    observations = buffer.observations  # type: ignore[attr-defined]
+    if isinstance(observations, dict):
+        return {key: buffer.to_torch(flat_rollout(buffer, value)) for key, value in observations.items()}
+    return buffer.to_torch(flat_rollout(buffer, observations))
+
+
+def index_observations(obs: PyTorchObs, index: th.Tensor | slice) -> PyTorchObs:
+    """Rows ``index`` of a tensor or of each tensor of a dict observation."""
+    if isinstance(obs, dict):
+        return {key: value[index] for key, value in obs.items()}
+    return obs[index]
+
+
+class ExtUpdateEngine:
+    """
+    The PPO update with every extension; mixed into PPOExt, MaskablePPOExt and RecurrentPPOExt.
+
+    The host class provides SB3's on-policy attributes (``policy``, ``rollout_buffer``,
+    ``clip_range``, ...) and the extension attributes set by :meth:`_init_extensions`.
+    """
+
+    # Model-file families (see :func:`sb3_ppo_ext.reliability.check_model_file`) this class loads.
+    _model_families: ClassVar[frozenset[str]] = frozenset({"PPO"})
+
+    # Attributes of the host algorithm, declared for type checkers.
+    policy: Any
+    rollout_buffer: Any
+    action_space: spaces.Space
+    device: th.device
+    clip_range: Any
+    clip_range_vf: Any
+    batch_size: int
+    n_epochs: int
+    normalize_advantage: bool
+    ent_coef: float
+    vf_coef: float
+    max_grad_norm: float
+    target_kl: float | None
+    verbose: int
+    logger: Any
+    _n_updates: int
+    _current_progress_remaining: float
+
+    def _init_extensions(
+        self,
+        vf_clip_mode: str,
+        kl_coef: float,
+        kl_target: float | None,
+        kl_adapt_factor: float,
+        kl_adapt_tolerance: float,
+        kl_coef_bounds: tuple[float, float],
+    ) -> None:
+        """Store the (already checked) extension settings; called by each algorithm's ``__init__``."""
+        self.vf_clip_mode = vf_clip_mode
+        self.kl_coef = float(kl_coef)
+        self.kl_target = None if kl_target is None else float(kl_target)
+        self.kl_adapt_factor = float(kl_adapt_factor)
+        self.kl_adapt_tolerance = float(kl_adapt_tolerance)
+        self.kl_coef_bounds = (float(kl_coef_bounds[0]), float(kl_coef_bounds[1]))
+        # The live beta: adapted after each update, saved with the model, carried on by a
+        # continued ``learn``. Set here and not in ``_setup_model`` so that ``load`` (which calls
+        # ``_setup_model`` after restoring the saved attributes) keeps the saved value.
+        self.current_kl_coef = self.kl_coef
+
+    def _setup_model(self) -> None:
+        # Checked again here because ``load(path, **kwargs)`` overrides attributes without __init__.
+        # Schedules are not evaluated: ``load``'s ``custom_objects`` may replace them for a model
+        # that will not train (rl-zoo3's enjoy passes ``clip_range=lambda _: 0.0``).
+        from sb3_ppo_ext.ppo_ext import PPOExt  # the one owner of the extension checks
+
+        PPOExt._check_arguments(
+            check_schedules=False,
+            clip_range=self.clip_range,
+            clip_range_vf=self.clip_range_vf,
+            vf_clip_mode=self.vf_clip_mode,
+            kl_coef=self.kl_coef,
+            kl_target=self.kl_target,
+            kl_adapt_factor=self.kl_adapt_factor,
+            kl_adapt_tolerance=self.kl_adapt_tolerance,
+            kl_coef_bounds=self.kl_coef_bounds,
+            max_grad_norm=self.max_grad_norm,
+            target_kl=self.target_kl,
+        )
+        # Upstream's ``_setup_model`` wraps ``clip_range`` in a FloatSchedule unconditionally, which
+        # rejects ``None`` (clipping off): it gets a stand-in, and ``None`` is put back afterwards.
+        clipping_off = self.clip_range is None
+        if clipping_off:
+            self.clip_range = 1.0
+        super()._setup_model()  # type: ignore[misc]
+        if clipping_off:
+            self.clip_range = None
+
+    @property
+    def uses_kl_penalty(self) -> bool:
+        """Whether the KL penalty is part of the objective (``kl_coef > 0``)."""
+        return self.kl_coef > 0
+
+    # ---- seams: what differs per algorithm ------------------------------------------------------
+
+    def _evaluate_samples(
+        self, samples: Any, actions: th.Tensor, need_distribution: bool
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Any]:
+        """
+        Values, log-probabilities, entropy and (if needed) the action distribution on a minibatch.
+
+        With ``ent_coef == 0`` the entropy is only logged: a policy of this package computes it
+        outside the autograd graph (same value, same random draws).
+
+        :param samples: the buffer's minibatch
+        :param actions: its actions as the policy scores them (long for Discrete)
+        :param need_distribution: whether the distribution is needed (KL penalty)
+        """
+        if hasattr(self.policy, "evaluate_actions_and_distribution"):
+            return self.policy.evaluate_actions_and_distribution(
+                samples.observations, actions, entropy_requires_grad=self.ent_coef != 0
+            )
+        # A plain SB3 ActorCriticPolicy (e.g. loaded from a stock PPO file): a second actor pass
+        # yields the distribution.
+        values, log_prob, entropy = self.policy.evaluate_actions(samples.observations, actions)
+        return values, log_prob, entropy, self.policy.get_distribution(samples.observations) if need_distribution else None
+
+    def _valid_samples(self, samples: Any) -> th.Tensor | None:
+        """Boolean mask of the minibatch rows that count (``None``: all of them)."""
+        return None
+
+    def _rollout_distributions(self) -> list[th.distributions.Distribution]:
+        """
+        The policy's (detached) action distributions on every rollout sample, in eval mode, in the
+        buffer's flattened row order (chunks of ``DISTRIBUTION_CHUNK`` rows).
+        """
+        obs = flat_observations(self.rollout_buffer)
+        n_samples = self.rollout_buffer.buffer_size * self.rollout_buffer.n_envs
+        return self._chunked_distributions(
+            n_samples, lambda index: self.policy.get_distribution(index_observations(obs, index))
+        )
+
+    def _chunked_distributions(self, n_samples: int, distribution_of: Any) -> list[th.distributions.Distribution]:
+        """Detached torch distributions of ``distribution_of(rows)`` over all rows, computed chunk by chunk."""
+        from sb3_ppo_ext.distributions import concat_distributions, detach_distributions
+
+        self.policy.set_training_mode(False)
+        chunks = []
+        with th.no_grad():
+            for start in range(0, n_samples, DISTRIBUTION_CHUNK):
+                chunks.append(
+                    detach_distributions(torch_distributions(distribution_of(slice(start, start + DISTRIBUTION_CHUNK))))
+                )
+        return concat_distributions(chunks)
+
+    # ---- the update -----------------------------------------------------------------------------
+
+    def _raise_non_finite(self, what: str, epoch: int, terms: dict[str, th.Tensor]) -> None:
+        details = ", ".join(f"{name}={value.item():.6g}" for name, value in terms.items() if value.dim() == 0)
+        self.policy.optimizer.zero_grad()
+        raise NonFiniteLossError(
+            f"{type(self).__name__}.train(): non-finite {what} at update {self._n_updates} (epoch {epoch}): {details}. "
+            "No parameter was updated with it, so the model and its saved checkpoints are intact. "
+            "Check the environment's observations and rewards for NaN/inf (VecCheckNan), "
+            "observation/reward normalisation and the learning rate."
+        )
+
+    def _scored_actions(self, actions: th.Tensor) -> th.Tensor:
+        """Actions as the policy scores them: Discrete actions are stored as floats of shape (n, 1)."""
+        if isinstance(self.action_space, spaces.Discrete):
+            return actions.long().flatten()
+        return actions
+
+    def minibatch_losses(
+        self,
+        batch: Minibatch,
+        old_distributions: list[th.distributions.Distribution] | None,
+        clip_range: float | None,
+        clip_range_vf: float | None,
+        kl_coef: float,
+    ) -> dict[str, th.Tensor]:
+        """
+        Every loss term and per-minibatch diagnostic of one minibatch.
+
+        :param batch: the minibatch, its rollout rows and its valid samples
+        :param old_distributions: ``pi_old`` on every rollout row (for the analytic KL penalty;
+            ``None`` when ``kl_coef == 0``)
+        :param clip_range: current surrogate clip range, or ``None``
+        :param clip_range_vf: current value clip range, or ``None``
+        :param kl_coef: current ``beta`` (0: no penalty)
+        :return: ``loss`` (with gradient) and its terms, ``approx_kl``, clip fractions (detached)
+            and the per-sample ``ratio`` of the valid samples
+        """
+        samples, valid = batch.samples, batch.valid
+        values, log_prob, entropy, distribution = self._evaluate_samples(
+            samples, self._scored_actions(samples.actions), need_distribution=kl_coef > 0
+        )
+        values = values.flatten()
+        old_values = samples.old_values
+        advantages = samples.advantages
+        # Normalization does not make sense if mini batchsize == 1, see SB3 GH issue #325
+        if self.normalize_advantage and len(advantages) > 1:
+            counted = advantages if valid is None else advantages[valid]
+            advantages = (advantages - counted.mean()) / (counted.std() + 1e-8)
+
+        # ratio between old and new policy, should be one at the first minibatch
+        log_ratio = log_prob - samples.old_log_prob
+        ratio = th.exp(log_ratio)
+        policy_loss = losses.clipped_surrogate_loss(advantages, ratio, clip_range, valid)
+        terms = {}
+        kl_penalty = None
+        if kl_coef > 0:
+            assert distribution is not None and old_distributions is not None
+            new = torch_distributions(distribution)
+            if valid is not None:
+                new = [index_distribution(d, valid) for d in new]
+            kl_penalty = losses.kl_penalty_loss(indexed_analytic_kl(old_distributions, batch.rows, new), kl_coef)
+            terms["kl_penalty"] = kl_penalty
+        value_loss = losses.value_loss(values, old_values, samples.returns, clip_range_vf, self.vf_clip_mode, valid)
+        # Entropy loss favors exploration; approximate it from samples when there is no closed form
+        entropy_mean = -losses.masked_mean(log_prob, valid) if entropy is None else losses.masked_mean(entropy, valid)
+        entropy_loss = -entropy_mean
+
+        # Without the penalty no zero tensor is added (one autograd node fewer, the same value).
+        # Summed in upstream's order (policy, entropy, value), so that without the squashed head
+        # and the penalty the loss and its gradient are upstream's bit for bit. With ent_coef == 0
+        # the entropy term adds nothing but a backward pass through the entropy estimate (a Monte
+        # Carlo sample for the squashed head): it is left out of the graph (x + 0 * y == x exactly).
+        loss = policy_loss if kl_penalty is None else policy_loss + kl_penalty
+        if self.ent_coef != 0:
+            loss = loss + self.ent_coef * entropy_loss
+        loss = loss + self.vf_coef * value_loss
+
+        with th.no_grad():
+            valid_ratio = ratio if valid is None else ratio[valid]
+            terms.update(
+                policy_gradient_loss=policy_loss.detach(),
+                value_loss=value_loss.detach(),
+                entropy_loss=entropy_loss.detach(),
+                entropy=entropy_mean.detach(),
+                approx_kl=losses.approx_kl_k3(log_ratio, valid),
+                ratio=valid_ratio.detach(),
+            )
+            if clip_range is not None:
+                terms["clip_fraction"] = losses.clip_fraction(valid_ratio, clip_range)
+            if clip_range_vf is not None:
+                valid_values, valid_old = (values, old_values) if valid is None else (values[valid], old_values[valid])
+                terms["clip_fraction_vf"] = losses.value_clip_fraction(valid_values, valid_old, clip_range_vf)
+        if "kl_penalty" in terms:
+            terms["kl_penalty"] = terms["kl_penalty"].detach()
+        terms["loss"] = loss
+        return terms
+
+    def _minibatches(self) -> Iterator[Minibatch]:
+        """One epoch's minibatches: the buffer's own ``get(batch_size)``, with the rows each one holds."""
+        with observed_batches(self.rollout_buffer) as seen:
+            for samples in self.rollout_buffer.get(self.batch_size):
+                rows = th.as_tensor(seen[-1], device=self.device)
+                yield Minibatch(samples, rows, self._valid_samples(samples))
+
+    def train(self) -> None:
+        """
+        Update policy using the currently gathered rollout buffer.
+
+        Written out rather than extending the upstream ``train``, which has no hook for extra loss
+        terms or per-minibatch statistics; the steps and their order follow upstream's.
+        """
+        # pi_old on every sample, in the mode it was sampled in (eval), for the analytic KL.
+        old_distributions = self._rollout_distributions()
+        self.policy.set_training_mode(True)
+        self._update_learning_rate(self.policy.optimizer)  # type: ignore[attr-defined]
+        progress = self._current_progress_remaining
+        clip_range = None if self.clip_range is None else float(self.clip_range(progress))
+        clip_range_vf = None if self.clip_range_vf is None else float(self.clip_range_vf(progress))
+        kl_coef = self.current_kl_coef if self.uses_kl_penalty else 0.0
+
+        stats = _UpdateStats()
+        grad_norms: list[th.Tensor] = []
+        continue_training = True
+        epochs_completed = 0
+        for epoch in range(self.n_epochs):
+            for batch in self._minibatches():
+                terms = self.minibatch_losses(
+                    batch, old_distributions if kl_coef > 0 else None, clip_range, clip_range_vf, kl_coef
+                )
+                loss, approx_kl = terms["loss"], terms["approx_kl"]
+                stats.add_mean(float(len(batch.rows)), **{k: v for k, v in terms.items() if k != "ratio"})
+                stats.add_extremes("ratio", terms["ratio"])
+
+                # One host read instead of th.isfinite's element-wise ops (the same test on a scalar).
+                if not math.isfinite(loss.item()):
+                    self._raise_non_finite("loss", epoch, terms)
+
+                # Early stopping on SB3's criterion, see SB3 issue #417 and PR #419
+                if self.target_kl is not None and approx_kl > 1.5 * self.target_kl:
+                    continue_training = False
+                    if self.verbose >= 1:
+                        self.logger.info(f"Early stopping at step {epoch} due to reaching max kl: {approx_kl.item():.2f}")
+                    break
+
+                self.policy.optimizer.zero_grad()
+                loss.backward()
+                grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+                if not math.isfinite(grad_norm.item()):
+                    self._raise_non_finite("gradient", epoch, dict(grad_norm=grad_norm, loss=loss))
+                grad_norms.append(grad_norm.detach())
+                self.policy.optimizer.step()
+
+            self._n_updates += 1
+            if not continue_training:
+                break
+            epochs_completed += 1
+
+        # pi_new on every sample: the analytic KL(pi_old || pi_new) of this update.
+        new_distributions = self._rollout_distributions()
+        kl = analytic_kl(old_distributions, new_distributions)
+        mean_kl = float(kl.mean().item())
+        if self.uses_kl_penalty and self.kl_target is not None:
+            self.current_kl_coef = losses.adapt_kl_coef(
+                self.current_kl_coef,
+                mean_kl,
+                self.kl_target,
+                factor=self.kl_adapt_factor,
+                tolerance=self.kl_adapt_tolerance,
+                bounds=self.kl_coef_bounds,
+            )
+        self._log_update(
+            stats,
+            grad_norms,
+            epochs_completed=epochs_completed,
+            kl=kl,
+            kl_coef=kl_coef,
+            new_distributions=new_distributions,
+            clip_range=clip_range,
+            clip_range_vf=clip_range_vf,
+        )
+
+    def _log_update(
+        self,
+        stats: _UpdateStats,
+        grad_norms: list[th.Tensor],
+        epochs_completed: int,
+        kl: th.Tensor,
+        kl_coef: float,
+        new_distributions: list[th.distributions.Distribution],
+        clip_range: float | None,
+        clip_range_vf: float | None,
+    ) -> None:
+        """Record an update's diagnostics under ``train/`` (see the README's metrics glossary)."""
+        record = self.logger.record
+        for key in ("entropy_loss", "policy_gradient_loss", "value_loss", "approx_kl", "loss", "entropy"):
+            record(f"train/{key}", stats.mean(key))
+        for key in ("clip_fraction", "clip_fraction_vf", "kl_penalty"):
+            if key in stats:
+                record(f"train/{key}", stats.mean(key))
+        ratio_min, ratio_max = stats.extremes("ratio")
+        record("train/ratio_min", ratio_min)
+        record("train/ratio_max", ratio_max)
+        if grad_norms:
+            record("train/grad_norm", float(th.stack(grad_norms).mean().item()))
+        record("train/kl", float(kl.mean().item()))
+        record("train/kl_max", float(kl.max().item()))
+        if self.uses_kl_penalty:
+            record("train/kl_coef", kl_coef)
+        record("train/epochs_completed", epochs_completed)
+        std = mean_std(new_distributions)
+        if std is not None:
+            record("train/std", std)
+        if getattr(self.policy, "squash_output", False) and isinstance(self.action_space, spaces.Box):
+            actions = self.rollout_buffer.to_torch(flat_rollout(self.rollout_buffer, self.rollout_buffer.actions))
+            saturated = th.abs(th.tanh(actions)) > SATURATION_THRESHOLD
+            record("train/action_saturation", float(saturated.float().mean().item()))
+        explained_var = explained_variance(self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten())
+        record("train/explained_variance", explained_var)
+        record("train/n_updates", self._n_updates, exclude="tensorboard")
+        if clip_range is not None:
+            record("train/clip_range", clip_range)
+        if clip_range_vf is not None:
+            record("train/clip_range_vf", clip_range_vf)
+
+    # ---- files ----------------------------------------------------------------------------------
+
+    def save(
+        self,
+        path: str | pathlib.Path | io.BufferedIOBase,
+        exclude: Iterable[str] | None = None,
+        include: Iterable[str] | None = None,
+    ) -> None:
+        """
+        SB3's ``save``, atomic for a path: the zip is written to a temporary file in the same folder
+        and renamed over ``path`` once complete, so an interrupted save leaves the previous file intact.
+
+        :param path: file (``.zip`` appended when the name has no suffix, as in SB3) or binary file object
+        :param exclude: names of parameters to exclude in addition to the default ones
+        :param include: names of parameters to include even if excluded by default
+        """
+        if not isinstance(path, (str, os.PathLike)):
+            super().save(path, exclude=exclude, include=include)  # type: ignore[misc]
+            return
+        with atomic_path(zip_path(path)) as file:
+            super().save(file, exclude=exclude, include=include)  # type: ignore[misc]
+
+    @classmethod
+    def load(  # type: ignore[override]
+        cls,
+        path: str | pathlib.Path | io.BufferedIOBase,
+        env: GymEnv | None = None,
+        device: th.device | str = "auto",
+        custom_objects: dict[str, Any] | None = None,
+        print_system_info: bool = False,
+        force_reset: bool = True,
+        **kwargs: Any,
+    ) -> Any:
+        """
+        SB3's ``load``, with a :class:`sb3_ppo_ext.reliability.ModelFileError` naming the file and the
+        problem for a missing, truncated, corrupt or foreign file (checked before anything is unpickled)
+        and for an ``env`` whose spaces differ from the saved ones. Files saved by the upstream
+        algorithm load (upstream policy, the extras at their defaults, i.e. upstream's objective).
+        The file's pickled objects are trusted: load only files you trust.
+        """
+        path = check_model_file(path, cls.__name__, cls._model_families)  # paths and file objects alike
+        try:
+            return super().load(  # type: ignore[misc]
+                path,
+                env=env,
+                device=device,
+                custom_objects=custom_objects,
+                print_system_info=print_system_info,
+                force_reset=force_reset,
+                **kwargs,
+            )
+        except ValueError as error:
+            if not str(error).startswith(("Observation spaces do not match", "Action spaces do not match")):
+                raise
+            raise ModelFileError(f"{cls.__name__}.load: {path} does not fit the given env: {error}") from error
+
+
+__all__ = ["ExtUpdateEngine", "Minibatch", "NonFiniteLossError"]

@@ -1,0 +1,330 @@
+"""MaskablePPOExt: sb3-contrib's MaskablePPO (invalid-action masking) with PPOExt's extensions."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+import torch as th
+from sb3_contrib import MaskablePPO
+from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
+from sb3_contrib.common.maskable.utils import get_action_masks, is_masking_supported
+from stable_baselines3.common.buffers import RolloutBuffer
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.policies import BasePolicy
+from stable_baselines3.common.torch_layers import CombinedExtractor, NatureCNN
+from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, PyTorchObs, Schedule
+from stable_baselines3.common.vec_env import VecEnv
+
+from sb3_ppo_ext.engine import ExtUpdateEngine, flat_observations, flat_rollout, index_observations
+from sb3_ppo_ext.ppo_ext import PPOExt, checked_arguments
+
+SelfMaskablePPOExt = TypeVar("SelfMaskablePPOExt", bound="MaskablePPOExt")
+
+
+class MaskablePPOExtPolicy(MaskableActorCriticPolicy):
+    """
+    sb3-contrib's ``MaskableActorCriticPolicy`` whose ``evaluate_actions`` can also return the
+    masked action distribution, so that the KL penalty needs no second forward pass. The network,
+    its initialisation and its outputs are upstream's.
+
+    :param args: arguments of ``MaskableActorCriticPolicy``
+    :param squash_output: accepted for symmetry with PPOExt's policies: masked action spaces are
+        discrete, so only ``None`` or ``False`` is valid
+    :param kwargs: keyword arguments of ``MaskableActorCriticPolicy``
+    """
+
+    def __init__(self, *args: Any, squash_output: bool | None = None, **kwargs: Any):
+        if squash_output is not None and squash_output is not False:
+            raise ValueError(
+                f"squash_output={squash_output!r} is invalid for MaskablePPOExt: its action spaces (Discrete, "
+                "MultiDiscrete, MultiBinary) are discrete and have no squashed head; expected None or False"
+            )
+        super().__init__(*args, **kwargs)
+
+    def evaluate_actions_and_distribution(
+        self,
+        obs: PyTorchObs,
+        actions: th.Tensor,
+        action_masks: th.Tensor | None = None,
+        entropy_requires_grad: bool = True,
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor, Any]:
+        """
+        ``evaluate_actions`` that also returns the masked distribution.
+
+        The steps of upstream's ``evaluate_actions``, which returns no distribution and has no hook
+        that would (hence written out here).
+
+        :param obs: Observation
+        :param actions: Actions
+        :param action_masks: the actions' masks (``None``: no masking)
+        :param entropy_requires_grad: ``False`` computes the entropy outside the autograd graph
+        :return: estimated value, log likelihood of the actions, entropy and the distribution
+        """
+        features = self.extract_features(obs)
+        if self.share_features_extractor:
+            latent_pi, latent_vf = self.mlp_extractor(features)
+        else:
+            pi_features, vf_features = features
+            latent_pi = self.mlp_extractor.forward_actor(pi_features)
+            latent_vf = self.mlp_extractor.forward_critic(vf_features)
+        distribution = self._get_action_dist_from_latent(latent_pi)
+        if action_masks is not None:
+            distribution.apply_masking(action_masks)
+        log_prob = distribution.log_prob(actions)
+        values = self.value_net(latent_vf)
+        with th.set_grad_enabled(entropy_requires_grad and th.is_grad_enabled()):
+            entropy = distribution.entropy()
+        return values, log_prob, entropy, distribution
+
+    def evaluate_actions(
+        self, obs: th.Tensor, actions: th.Tensor, action_masks: th.Tensor | None = None
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:
+        values, log_prob, entropy, _ = self.evaluate_actions_and_distribution(obs, actions, action_masks)
+        return values, log_prob, entropy
+
+
+class MaskablePPOExtCnnPolicy(MaskablePPOExtPolicy):
+    """
+    :class:`MaskablePPOExtPolicy` with SB3's ``NatureCNN`` features extractor by default.
+
+    :param args: arguments of :class:`MaskablePPOExtPolicy`
+    :param features_extractor_class: Features extractor to use
+    :param kwargs: keyword arguments of :class:`MaskablePPOExtPolicy`
+    """
+
+    def __init__(self, *args: Any, features_extractor_class: type = NatureCNN, **kwargs: Any):
+        super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
+
+
+class MaskablePPOExtMultiInputPolicy(MaskablePPOExtPolicy):
+    """
+    :class:`MaskablePPOExtPolicy` for ``Dict`` observation spaces (SB3's ``CombinedExtractor``).
+
+    :param args: arguments of :class:`MaskablePPOExtPolicy`
+    :param features_extractor_class: Features extractor to use
+    :param kwargs: keyword arguments of :class:`MaskablePPOExtPolicy`
+    """
+
+    def __init__(self, *args: Any, features_extractor_class: type = CombinedExtractor, **kwargs: Any):
+        super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
+
+
+class MaskablePPOExt(ExtUpdateEngine, MaskablePPO):
+    """
+    sb3-contrib's ``MaskablePPO`` (invalid-action masking; Discrete, MultiDiscrete and MultiBinary
+    actions) with PPOExt's extensions: the KL penalty of PPO1 (analytic KL between the *masked*
+    distributions: masked actions have probability 0 under both policies and add nothing), both
+    value-clip forms, ``clip_range=None`` and the full ``train/`` diagnostics. Drop-in: with the
+    defaults (``kl_coef=0``) it trains bit for bit like ``MaskablePPO`` with the same seed (one
+    deliberate difference: a one-sample minibatch is not advantage-normalised, as in SB3's PPO).
+
+    The environment provides ``action_masks()`` (or is wrapped in sb3-contrib's ``ActionMasker``);
+    ``predict(obs, action_masks=...)`` as upstream. A mask whose size does not fit the action
+    space is a ``ValueError``.
+
+    :param policy: The policy model to use (MlpPolicy, CnnPolicy, MultiInputPolicy)
+    :param env: The environment to learn from (if registered in Gym, can be str)
+    :param learning_rate: The learning rate, it can be a function of the current progress remaining (from 1 to 0)
+    :param n_steps: The number of steps to run for each environment per update
+    :param batch_size: Minibatch size
+    :param n_epochs: Number of epoch when optimizing the surrogate loss
+    :param gamma: Discount factor
+    :param gae_lambda: Factor for trade-off of bias vs variance for Generalized Advantage Estimator
+    :param clip_range: Clipping parameter of the surrogate objective; a positive float, a schedule, or
+        ``None`` to turn clipping off
+    :param clip_range_vf: Clipping parameter for the value function (float or schedule), or ``None``
+    :param vf_clip_mode: With ``clip_range_vf``: ``"clipped"`` (SB3's form) or ``"max"`` (PPO2's form)
+    :param normalize_advantage: Whether to normalize or not the advantage
+    :param ent_coef: Entropy coefficient for the loss calculation
+    :param vf_coef: Value function coefficient for the loss calculation
+    :param kl_coef: Initial coefficient ``beta`` of the KL penalty; 0 (default) turns it off
+    :param kl_target: ``d_targ`` of the adaptive coefficient, or ``None`` for a fixed ``beta``
+    :param kl_adapt_factor: Multiplicative step of the adaptive coefficient (paper: 2), > 1
+    :param kl_adapt_tolerance: Tolerance band of the adaptive coefficient (paper: 1.5), > 1
+    :param kl_coef_bounds: ``(min, max)`` within which the adaptive ``beta`` is kept
+    :param max_grad_norm: The maximum value for the gradient clipping
+    :param rollout_buffer_class: Rollout buffer class to use. If ``None``, it will be automatically selected.
+    :param rollout_buffer_kwargs: Keyword arguments to pass to the rollout buffer on creation
+    :param target_kl: Limit the KL divergence between updates (SB3's early stop), ``None`` for no limit
+    :param stats_window_size: Window size for the rollout logging
+    :param tensorboard_log: the log location for tensorboard (if None, no logging)
+    :param policy_kwargs: additional arguments to be passed to the policy on creation
+    :param verbose: Verbosity level: 0 for no output, 1 for info messages, 2 for debug messages
+    :param seed: Seed for the pseudo random generators
+    :param device: Device (cpu, cuda, ...) on which the code should be run.
+    :param _init_setup_model: Whether or not to build the network at the creation of the instance
+    """
+
+    policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
+        "MlpPolicy": MaskablePPOExtPolicy,
+        "CnnPolicy": MaskablePPOExtCnnPolicy,
+        "MultiInputPolicy": MaskablePPOExtMultiInputPolicy,
+    }
+    _model_families: ClassVar[frozenset[str]] = frozenset({"MaskablePPO"})
+
+    def __init__(
+        self,
+        policy: str | type[MaskableActorCriticPolicy],
+        env: GymEnv | str,
+        learning_rate: float | Schedule = 3e-4,
+        n_steps: int = 2048,
+        batch_size: int = 64,
+        n_epochs: int = 10,
+        gamma: float = 0.99,
+        gae_lambda: float = 0.95,
+        clip_range: float | Schedule | None = 0.2,
+        clip_range_vf: float | Schedule | None = None,
+        vf_clip_mode: str = "clipped",
+        normalize_advantage: bool = True,
+        ent_coef: float = 0.0,
+        vf_coef: float = 0.5,
+        kl_coef: float = 0.0,
+        kl_target: float | None = None,
+        kl_adapt_factor: float = 2.0,
+        kl_adapt_tolerance: float = 1.5,
+        kl_coef_bounds: tuple[float, float] = (1e-4, 1e4),
+        max_grad_norm: float = 0.5,
+        rollout_buffer_class: type[RolloutBuffer] | None = None,
+        rollout_buffer_kwargs: dict[str, Any] | None = None,
+        target_kl: float | None = None,
+        stats_window_size: int = 100,
+        tensorboard_log: str | None = None,
+        policy_kwargs: dict[str, Any] | None = None,
+        verbose: int = 0,
+        seed: int | None = None,
+        device: th.device | str = "auto",
+        _init_setup_model: bool = True,
+    ):
+        PPOExt._check_arguments(**checked_arguments(locals()))
+        super().__init__(
+            policy,
+            env,
+            learning_rate=learning_rate,
+            n_steps=n_steps,
+            batch_size=batch_size,
+            n_epochs=n_epochs,
+            gamma=gamma,
+            gae_lambda=gae_lambda,
+            clip_range=clip_range,  # type: ignore[arg-type]
+            clip_range_vf=clip_range_vf,
+            normalize_advantage=normalize_advantage,
+            ent_coef=ent_coef,
+            vf_coef=vf_coef,
+            max_grad_norm=max_grad_norm,
+            rollout_buffer_class=rollout_buffer_class,
+            rollout_buffer_kwargs=rollout_buffer_kwargs,
+            target_kl=target_kl,
+            stats_window_size=stats_window_size,
+            tensorboard_log=tensorboard_log,
+            policy_kwargs=policy_kwargs,
+            verbose=verbose,
+            seed=seed,
+            device=device,
+            _init_setup_model=False,
+        )
+        self._init_extensions(vf_clip_mode, kl_coef, kl_target, kl_adapt_factor, kl_adapt_tolerance, kl_coef_bounds)
+        if _init_setup_model:
+            self._setup_model()
+
+    # ---- seams of the update engine -------------------------------------------------------------
+
+    def _evaluate_samples(
+        self, samples: Any, actions: th.Tensor, need_distribution: bool
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Any]:
+        masks = samples.action_masks
+        if hasattr(self.policy, "evaluate_actions_and_distribution"):
+            return self.policy.evaluate_actions_and_distribution(
+                samples.observations, actions, action_masks=masks, entropy_requires_grad=self.ent_coef != 0
+            )
+        # An upstream MaskableActorCriticPolicy (a MaskablePPO file): a second actor pass yields the distribution.
+        values, log_prob, entropy = self.policy.evaluate_actions(samples.observations, actions, action_masks=masks)
+        distribution = self.policy.get_distribution(samples.observations, action_masks=masks) if need_distribution else None
+        return values, log_prob, entropy, distribution
+
+    def _rollout_distributions(self) -> list[th.distributions.Distribution]:
+        buffer = self.rollout_buffer
+        obs = flat_observations(buffer)
+        masks = buffer.to_torch(flat_rollout(buffer, buffer.action_masks))
+        return self._chunked_distributions(
+            buffer.buffer_size * buffer.n_envs,
+            lambda index: self.policy.get_distribution(index_observations(obs, index), action_masks=masks[index]),
+        )
+
+    # ---- masks ----------------------------------------------------------------------------------
+
+    def _check_masks(self, masks: Any, n_rows: int, where: str) -> None:
+        """ValueError unless ``masks`` holds one mask of the action space's size per row."""
+        mask_dims = int(self.rollout_buffer.mask_dims)
+        size = np.asarray(masks).size
+        if size != n_rows * mask_dims:
+            raise ValueError(
+                f"{where}: action_masks of shape {np.shape(masks)} do not fit the action space {self.action_space}: "
+                f"expected {n_rows} mask(s) of {mask_dims} booleans each ({n_rows * mask_dims} values), got {size}"
+            )
+
+    def collect_rollouts(  # type: ignore[override]
+        self,
+        env: VecEnv,
+        callback: BaseCallback,
+        rollout_buffer: RolloutBuffer,
+        n_rollout_steps: int,
+        use_masking: bool = True,
+    ) -> bool:
+        """Upstream's ``collect_rollouts``, after checking that the env's masks fit the action space."""
+        if use_masking and is_masking_supported(env):
+            self._check_masks(get_action_masks(env), env.num_envs, "env.action_masks()")
+        return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps, use_masking)
+
+    def predict(  # type: ignore[override]
+        self,
+        observation: np.ndarray | dict[str, np.ndarray],
+        state: tuple[np.ndarray, ...] | None = None,
+        episode_start: np.ndarray | None = None,
+        deterministic: bool = False,
+        action_masks: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, tuple[np.ndarray, ...] | None]:
+        """
+        Upstream's ``predict``, with a ``ValueError`` for ``action_masks`` that do not fit the
+        action space and the number of observations.
+
+        :param observation: the input observation
+        :param state: The last hidden states (unused: the policy is not recurrent)
+        :param episode_start: The last episode starts (unused)
+        :param deterministic: Whether or not to return deterministic actions.
+        :param action_masks: the actions' masks, one per observation (``None``: no masking)
+        :return: the model's action and the next hidden state
+        """
+        if action_masks is not None:
+            _, vectorized = self.policy.obs_to_tensor(observation)
+            first = next(iter(observation.values())) if isinstance(observation, dict) else observation
+            n_rows = len(first) if vectorized else 1
+            self._check_masks(action_masks, n_rows, f"{type(self).__name__}.predict")
+        return super().predict(observation, state, episode_start, deterministic, action_masks=action_masks)
+
+    def learn(  # type: ignore[override]
+        self: SelfMaskablePPOExt,
+        total_timesteps: int,
+        callback: MaybeCallback = None,
+        log_interval: int = 1,
+        tb_log_name: str = "MaskablePPOExt",
+        reset_num_timesteps: bool = True,
+        use_masking: bool = True,
+        progress_bar: bool = False,
+    ) -> SelfMaskablePPOExt:
+        return super().learn(
+            total_timesteps=total_timesteps,
+            callback=callback,
+            log_interval=log_interval,
+            tb_log_name=tb_log_name,
+            reset_num_timesteps=reset_num_timesteps,
+            use_masking=use_masking,
+            progress_bar=progress_bar,
+        )
+
+
+MlpPolicy = MaskablePPOExtPolicy
+CnnPolicy = MaskablePPOExtCnnPolicy
+MultiInputPolicy = MaskablePPOExtMultiInputPolicy
+
+__all__ = ["MaskablePPOExt", "MaskablePPOExtCnnPolicy", "MaskablePPOExtMultiInputPolicy", "MaskablePPOExtPolicy"]

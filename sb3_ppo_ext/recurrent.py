@@ -1,0 +1,390 @@
+"""RecurrentPPOExt: sb3-contrib's RecurrentPPO (LSTM policies) with PPOExt's extensions."""
+
+from __future__ import annotations
+
+from copy import deepcopy
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+import torch as th
+from sb3_contrib import RecurrentPPO
+from sb3_contrib.common.recurrent.buffers import RecurrentDictRolloutBuffer, RecurrentRolloutBuffer
+from sb3_contrib.common.recurrent.policies import RecurrentActorCriticPolicy
+from sb3_contrib.common.recurrent.type_aliases import RNNStates
+from stable_baselines3.common.buffers import RolloutBuffer
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.policies import BasePolicy
+from stable_baselines3.common.torch_layers import CombinedExtractor, NatureCNN
+from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, PyTorchObs, Schedule
+from stable_baselines3.common.utils import obs_as_tensor
+from stable_baselines3.common.vec_env import VecEnv
+
+from sb3_ppo_ext.distributions import concat_distributions, detach_distributions, torch_distributions
+from sb3_ppo_ext.engine import ExtUpdateEngine, flat_observations, flat_rollout
+from sb3_ppo_ext.policies import PPOExtActorCriticPolicy
+from sb3_ppo_ext.ppo_ext import PPOExt, checked_arguments
+
+SelfRecurrentPPOExt = TypeVar("SelfRecurrentPPOExt", bound="RecurrentPPOExt")
+
+
+class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy):
+    """
+    sb3-contrib's ``RecurrentActorCriticPolicy`` (LSTM actor and critic) with PPOExt's exact
+    tanh-squashed Gaussian head for ``Box`` actions, on by default: the LSTM's latent feeds the
+    squashed head exactly as the MLP's does in :class:`sb3_ppo_ext.policies.PPOExtActorCriticPolicy`
+    (pre-squash sample stored and scored, ``unscale_action`` to the env's bounds). With
+    ``squash_output=False`` the network, its initialisation and its outputs are upstream's.
+
+    The arguments are those of both parents: ``squash_output``, ``state_dependent_std``,
+    ``log_std_bounds``, ``entropy_estimator`` (PPOExt's head) and ``lstm_hidden_size``,
+    ``n_lstm_layers``, ``shared_lstm``, ``enable_critic_lstm``, ``lstm_kwargs`` (sb3-contrib's).
+
+    :param args: arguments of :class:`sb3_ppo_ext.policies.PPOExtActorCriticPolicy`
+    :param kwargs: keyword arguments of both parents
+    """
+
+    def evaluate_actions_and_distribution(  # type: ignore[override]
+        self,
+        obs: PyTorchObs,
+        actions: th.Tensor,
+        lstm_states: RNNStates,
+        episode_starts: th.Tensor,
+        entropy_requires_grad: bool = True,
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Any]:
+        """
+        ``evaluate_actions`` that also returns the action distribution.
+
+        The steps of upstream's ``evaluate_actions``, which returns no distribution and has no hook
+        that would (hence written out here).
+
+        :param obs: Observations of padded sequences
+        :param actions: Actions as stored in the rollout buffer (pre-squash for the squashed head)
+        :param lstm_states: The LSTM states at the start of each sequence
+        :param episode_starts: Whether each observation starts an episode (the states are reset there)
+        :param entropy_requires_grad: ``False`` computes the entropy outside the autograd graph
+        :return: estimated value, log likelihood of the actions, entropy and the distribution
+        """
+        features = self.extract_features(obs)
+        if self.share_features_extractor:
+            pi_features = vf_features = features
+        else:
+            pi_features, vf_features = features
+        latent_pi, _ = self._process_sequence(pi_features, lstm_states.pi, episode_starts, self.lstm_actor)
+        if self.lstm_critic is not None:
+            latent_vf, _ = self._process_sequence(vf_features, lstm_states.vf, episode_starts, self.lstm_critic)
+        elif self.shared_lstm:
+            latent_vf = latent_pi.detach()
+        else:
+            latent_vf = self.critic(vf_features)
+        latent_pi = self.mlp_extractor.forward_actor(latent_pi)
+        latent_vf = self.mlp_extractor.forward_critic(latent_vf)
+        distribution = self._get_action_dist_from_latent(latent_pi)
+        log_prob = distribution.log_prob(actions)
+        values = self.value_net(latent_vf)
+        with th.set_grad_enabled(entropy_requires_grad and th.is_grad_enabled()):
+            entropy = distribution.entropy()
+        return values, log_prob, entropy, distribution
+
+    def evaluate_actions(  # type: ignore[override]
+        self, obs: th.Tensor, actions: th.Tensor, lstm_states: RNNStates, episode_starts: th.Tensor
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:
+        values, log_prob, entropy, _ = self.evaluate_actions_and_distribution(obs, actions, lstm_states, episode_starts)
+        return values, log_prob, entropy
+
+
+class RecurrentPPOExtCnnPolicy(RecurrentPPOExtPolicy):
+    """
+    :class:`RecurrentPPOExtPolicy` with SB3's ``NatureCNN`` features extractor by default.
+
+    :param args: arguments of :class:`RecurrentPPOExtPolicy`
+    :param features_extractor_class: Features extractor to use
+    :param kwargs: keyword arguments of :class:`RecurrentPPOExtPolicy`
+    """
+
+    def __init__(self, *args: Any, features_extractor_class: type = NatureCNN, **kwargs: Any):
+        super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
+
+
+class RecurrentPPOExtMultiInputPolicy(RecurrentPPOExtPolicy):
+    """
+    :class:`RecurrentPPOExtPolicy` for ``Dict`` observation spaces (SB3's ``CombinedExtractor``).
+
+    :param args: arguments of :class:`RecurrentPPOExtPolicy`
+    :param features_extractor_class: Features extractor to use
+    :param kwargs: keyword arguments of :class:`RecurrentPPOExtPolicy`
+    """
+
+    def __init__(self, *args: Any, features_extractor_class: type = CombinedExtractor, **kwargs: Any):
+        super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
+
+
+class RecurrentPPOExt(ExtUpdateEngine, RecurrentPPO):
+    """
+    sb3-contrib's ``RecurrentPPO`` (LSTM policies) with PPOExt's extensions: the exact squashed
+    Gaussian head on by default for ``Box`` actions (the pre-squash sample is stored, so the ratio is
+    exactly 1 for a frozen policy even with saturated actions), the KL penalty of PPO1, both
+    value-clip forms, ``clip_range=None`` and the full ``train/`` diagnostics, each a mean over the
+    valid (unpadded) steps of the sequence minibatches. Drop-in: with
+    ``policy_kwargs=dict(squash_output=False)`` and ``kl_coef=0`` it trains bit for bit like
+    ``RecurrentPPO`` with the same seed (one deliberate difference: a one-sample minibatch is not
+    advantage-normalised, as in SB3's PPO). ``predict(obs, state=..., episode_start=...)`` as upstream.
+
+    :param policy: The policy model to use (MlpLstmPolicy, CnnLstmPolicy, MultiInputLstmPolicy)
+    :param env: The environment to learn from (if registered in Gym, can be str)
+    :param learning_rate: The learning rate, it can be a function of the current progress remaining (from 1 to 0)
+    :param n_steps: The number of steps to run for each environment per update
+    :param batch_size: Minibatch size (in steps; sequences are cut and padded by the buffer)
+    :param n_epochs: Number of epoch when optimizing the surrogate loss
+    :param gamma: Discount factor
+    :param gae_lambda: Factor for trade-off of bias vs variance for Generalized Advantage Estimator
+    :param clip_range: Clipping parameter of the surrogate objective; a positive float, a schedule, or
+        ``None`` to turn clipping off
+    :param clip_range_vf: Clipping parameter for the value function (float or schedule), or ``None``
+    :param vf_clip_mode: With ``clip_range_vf``: ``"clipped"`` (SB3's form) or ``"max"`` (PPO2's form)
+    :param normalize_advantage: Whether to normalize or not the advantage
+    :param ent_coef: Entropy coefficient for the loss calculation
+    :param vf_coef: Value function coefficient for the loss calculation
+    :param kl_coef: Initial coefficient ``beta`` of the KL penalty; 0 (default) turns it off
+    :param kl_target: ``d_targ`` of the adaptive coefficient, or ``None`` for a fixed ``beta``
+    :param kl_adapt_factor: Multiplicative step of the adaptive coefficient (paper: 2), > 1
+    :param kl_adapt_tolerance: Tolerance band of the adaptive coefficient (paper: 1.5), > 1
+    :param kl_coef_bounds: ``(min, max)`` within which the adaptive ``beta`` is kept
+    :param max_grad_norm: The maximum value for the gradient clipping
+    :param use_sde: Whether to use generalized State Dependent Exploration (gSDE)
+    :param sde_sample_freq: Sample a new noise matrix every n steps when using gSDE (-1: once per rollout)
+    :param target_kl: Limit the KL divergence between updates (SB3's early stop), ``None`` for no limit
+    :param stats_window_size: Window size for the rollout logging
+    :param tensorboard_log: the log location for tensorboard (if None, no logging)
+    :param policy_kwargs: additional arguments to be passed to the policy on creation: the LSTM's
+        (``lstm_hidden_size``, ``n_lstm_layers``, ``shared_lstm``, ``enable_critic_lstm``, ``lstm_kwargs``)
+        and the squashed head's (``squash_output``, ``state_dependent_std``, ``log_std_bounds``,
+        ``entropy_estimator``)
+    :param verbose: Verbosity level: 0 for no output, 1 for info messages, 2 for debug messages
+    :param seed: Seed for the pseudo random generators
+    :param device: Device (cpu, cuda, ...) on which the code should be run.
+    :param _init_setup_model: Whether or not to build the network at the creation of the instance
+    """
+
+    policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
+        "MlpLstmPolicy": RecurrentPPOExtPolicy,
+        "CnnLstmPolicy": RecurrentPPOExtCnnPolicy,
+        "MultiInputLstmPolicy": RecurrentPPOExtMultiInputPolicy,
+    }
+    _model_families: ClassVar[frozenset[str]] = frozenset({"RecurrentPPO"})
+
+    def __init__(
+        self,
+        policy: str | type[RecurrentActorCriticPolicy],
+        env: GymEnv | str,
+        learning_rate: float | Schedule = 3e-4,
+        n_steps: int = 128,
+        batch_size: int = 128,
+        n_epochs: int = 10,
+        gamma: float = 0.99,
+        gae_lambda: float = 0.95,
+        clip_range: float | Schedule | None = 0.2,
+        clip_range_vf: float | Schedule | None = None,
+        vf_clip_mode: str = "clipped",
+        normalize_advantage: bool = True,
+        ent_coef: float = 0.0,
+        vf_coef: float = 0.5,
+        kl_coef: float = 0.0,
+        kl_target: float | None = None,
+        kl_adapt_factor: float = 2.0,
+        kl_adapt_tolerance: float = 1.5,
+        kl_coef_bounds: tuple[float, float] = (1e-4, 1e4),
+        max_grad_norm: float = 0.5,
+        use_sde: bool = False,
+        sde_sample_freq: int = -1,
+        target_kl: float | None = None,
+        stats_window_size: int = 100,
+        tensorboard_log: str | None = None,
+        policy_kwargs: dict[str, Any] | None = None,
+        verbose: int = 0,
+        seed: int | None = None,
+        device: th.device | str = "auto",
+        _init_setup_model: bool = True,
+    ):
+        PPOExt._check_arguments(**checked_arguments(locals()))
+        super().__init__(
+            policy,
+            env,
+            learning_rate=learning_rate,
+            n_steps=n_steps,
+            batch_size=batch_size,
+            n_epochs=n_epochs,
+            gamma=gamma,
+            gae_lambda=gae_lambda,
+            clip_range=clip_range,  # type: ignore[arg-type]
+            clip_range_vf=clip_range_vf,
+            normalize_advantage=normalize_advantage,
+            ent_coef=ent_coef,
+            vf_coef=vf_coef,
+            max_grad_norm=max_grad_norm,
+            use_sde=use_sde,
+            sde_sample_freq=sde_sample_freq,
+            target_kl=target_kl,
+            stats_window_size=stats_window_size,
+            tensorboard_log=tensorboard_log,
+            policy_kwargs=policy_kwargs,
+            verbose=verbose,
+            seed=seed,
+            device=device,
+            _init_setup_model=False,
+        )
+        self._init_extensions(vf_clip_mode, kl_coef, kl_target, kl_adapt_factor, kl_adapt_tolerance, kl_coef_bounds)
+        if _init_setup_model:
+            self._setup_model()
+
+    # ---- seams of the update engine -------------------------------------------------------------
+
+    def _evaluate_samples(
+        self, samples: Any, actions: th.Tensor, need_distribution: bool
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Any]:
+        obs, states, starts = samples.observations, samples.lstm_states, samples.episode_starts
+        if hasattr(self.policy, "evaluate_actions_and_distribution"):
+            return self.policy.evaluate_actions_and_distribution(
+                obs, actions, states, starts, entropy_requires_grad=self.ent_coef != 0
+            )
+        # An upstream RecurrentActorCriticPolicy (a RecurrentPPO file): a second actor pass yields the distribution.
+        values, log_prob, entropy = self.policy.evaluate_actions(obs, actions, states, starts)
+        distribution = self.policy.get_distribution(obs, states.pi, starts)[0] if need_distribution else None
+        return values, log_prob, entropy, distribution
+
+    def _valid_samples(self, samples: Any) -> th.Tensor:
+        # The buffer pads sequences to equal length; its mask marks the real steps (as upstream's train reads it).
+        return samples.mask > 1e-8
+
+    def _rollout_distributions(self) -> list[th.distributions.Distribution]:
+        """
+        The policy on every rollout step, replayed as collected: each environment's steps are one
+        sequence from the LSTM state stored at its first step, reset at episode starts.
+        """
+        buffer = self.rollout_buffer
+        obs = flat_observations(buffer)
+        episode_starts = buffer.to_torch(flat_rollout(buffer, buffer.episode_starts))
+        if buffer.generator_ready:  # flattened: (n_envs * n_steps, n_layers, hidden), environment-major
+            first = slice(None, None, buffer.buffer_size)
+            states = (buffer.hidden_states_pi[first].swapaxes(0, 1), buffer.cell_states_pi[first].swapaxes(0, 1))
+        else:  # as collected: (n_steps, n_layers, n_envs, hidden)
+            states = (buffer.hidden_states_pi[0], buffer.cell_states_pi[0])
+        lstm_states = tuple(buffer.to_torch(np.ascontiguousarray(state)) for state in states)
+        self.policy.set_training_mode(False)
+        with th.no_grad():
+            distribution, _ = self.policy.get_distribution(obs, lstm_states, episode_starts)
+            return concat_distributions([detach_distributions(torch_distributions(distribution))])
+
+    # ---- collection -----------------------------------------------------------------------------
+
+    def collect_rollouts(
+        self,
+        env: VecEnv,
+        callback: BaseCallback,
+        rollout_buffer: RolloutBuffer,
+        n_rollout_steps: int,
+    ) -> bool:
+        """
+        Upstream's ``collect_rollouts`` with one change: with a squashed head the env receives
+        ``policy.unscale_action(u)`` of the pre-squash sample ``u`` (which the buffer stores), as SB3's
+        PPO does, instead of ``u`` clipped to the bounds. Written out because upstream clips ``Box``
+        actions unconditionally and has no hook between sampling and ``env.step``.
+
+        :param env: The training environment
+        :param callback: Callback that will be called at each step (and at the beginning and end of the rollout)
+        :param rollout_buffer: Buffer to fill with rollouts
+        :param n_rollout_steps: Number of experiences to collect per environment
+        :return: True if function returned with at least ``n_rollout_steps`` collected, False if
+            callback terminated rollout prematurely.
+        """
+        if not self.policy.squash_output:
+            return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
+        assert isinstance(rollout_buffer, (RecurrentRolloutBuffer, RecurrentDictRolloutBuffer))
+        assert self._last_obs is not None, "No previous observation was provided"
+        self.policy.set_training_mode(False)
+        n_steps = 0
+        rollout_buffer.reset()
+        if self.use_sde:
+            self.policy.reset_noise(env.num_envs)
+        callback.on_rollout_start()
+        lstm_states = deepcopy(self._last_lstm_states)
+
+        while n_steps < n_rollout_steps:
+            if self.use_sde and self.sde_sample_freq > 0 and n_steps % self.sde_sample_freq == 0:
+                self.policy.reset_noise(env.num_envs)
+            with th.no_grad():
+                obs_tensor = obs_as_tensor(self._last_obs, self.device)  # type: ignore[arg-type]
+                episode_starts = th.tensor(self._last_episode_starts, dtype=th.float32, device=self.device)
+                actions, values, log_probs, lstm_states = self.policy(obs_tensor, lstm_states, episode_starts)
+            actions = actions.cpu().numpy()
+            # The one change: the env gets the squashed, rescaled action (never out of bounds).
+            clipped_actions = self.policy.unscale_action(actions)
+            new_obs, rewards, dones, infos = env.step(clipped_actions)
+            self.num_timesteps += env.num_envs
+
+            callback.update_locals(locals())
+            if not callback.on_step():
+                return False
+            self._update_info_buffer(infos, dones)
+            n_steps += 1
+
+            # Timeout bootstrapping with the value function (SB3 GitHub issue #633)
+            for idx, done_ in enumerate(dones):
+                if (
+                    done_
+                    and infos[idx].get("terminal_observation") is not None
+                    and infos[idx].get("TimeLimit.truncated", False)
+                ):
+                    terminal_obs = self.policy.obs_to_tensor(infos[idx]["terminal_observation"])[0]
+                    with th.no_grad():
+                        terminal_lstm_state = (
+                            lstm_states.vf[0][:, idx : idx + 1, :].contiguous(),
+                            lstm_states.vf[1][:, idx : idx + 1, :].contiguous(),
+                        )
+                        starts = th.tensor([False], dtype=th.float32, device=self.device)
+                        terminal_value = self.policy.predict_values(terminal_obs, terminal_lstm_state, starts)[0]
+                    rewards[idx] += self.gamma * terminal_value
+
+            rollout_buffer.add(
+                self._last_obs,  # type: ignore[arg-type]
+                actions,
+                rewards,
+                self._last_episode_starts,  # type: ignore[arg-type]
+                values,
+                log_probs,
+                lstm_states=self._last_lstm_states,
+            )
+            self._last_obs = new_obs  # type: ignore[assignment]
+            self._last_episode_starts = dones
+            self._last_lstm_states = lstm_states
+
+        with th.no_grad():
+            episode_starts = th.tensor(dones, dtype=th.float32, device=self.device)
+            values = self.policy.predict_values(obs_as_tensor(new_obs, self.device), lstm_states.vf, episode_starts)  # type: ignore[arg-type]
+        rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)
+        callback.on_rollout_end()
+        return True
+
+    def learn(
+        self: SelfRecurrentPPOExt,
+        total_timesteps: int,
+        callback: MaybeCallback = None,
+        log_interval: int = 1,
+        tb_log_name: str = "RecurrentPPOExt",
+        reset_num_timesteps: bool = True,
+        progress_bar: bool = False,
+    ) -> SelfRecurrentPPOExt:
+        return super().learn(
+            total_timesteps=total_timesteps,
+            callback=callback,
+            log_interval=log_interval,
+            tb_log_name=tb_log_name,
+            reset_num_timesteps=reset_num_timesteps,
+            progress_bar=progress_bar,
+        )
+
+
+MlpLstmPolicy = RecurrentPPOExtPolicy
+CnnLstmPolicy = RecurrentPPOExtCnnPolicy
+MultiInputLstmPolicy = RecurrentPPOExtMultiInputPolicy
+
+__all__ = ["RecurrentPPOExt", "RecurrentPPOExtCnnPolicy", "RecurrentPPOExtMultiInputPolicy", "RecurrentPPOExtPolicy"]
