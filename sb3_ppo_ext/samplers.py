@@ -28,11 +28,12 @@ Public functions:
 - :func:`ppo_ext_kwargs_from_params` — a finished trial's ``params`` -> the same keyword arguments;
 - :func:`sample_zoo_params` / :func:`convert_zoo_params` — rl-zoo3's ``HYPERPARAMS_SAMPLER`` /
   ``HYPERPARAMS_CONVERTER`` entries for ``ppo_ext``;
-- :func:`make_storage` — the one place where an Optuna storage is opened (RDB URL, SQLite file,
-  journal file), with Optuna's heartbeat and retry of dead workers' trials on RDB storages.
+- :func:`make_storage` (from :mod:`sb3_ppo_ext.storage`, re-exported here) — the one place where
+  an Optuna storage is opened.
 
 The sampler is written once, in rl-zoo3's yml form (``learning_rate: lin_0.001``,
-``activation_fn: tanh``); :func:`to_ppo_ext_kwargs` turns that form into objects. The converter
+``activation_fn: tanh``); :func:`to_ppo_ext_kwargs` (:func:`sb3_ppo_ext.settings.to_algorithm_kwargs`)
+turns that form into objects. The converter
 replays the sampler on an ``optuna.trial.FixedTrial``, so sampler and converter cannot drift apart.
 Importing this module does not import optuna; the functions that need it import it.
 """
@@ -40,12 +41,12 @@ Importing this module does not import optuna; the functions that need it import 
 from __future__ import annotations
 
 import math
-import re
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from stable_baselines3.common.utils import LinearSchedule
-from torch import nn
+from sb3_ppo_ext.settings import ACTIVATIONS, SCHEDULE_KEYS, activation_class, to_algorithm_kwargs
+from sb3_ppo_ext.storage import HEARTBEAT_INTERVAL, MAX_RETRY, StorageError, make_storage
+from sb3_ppo_ext.validation import check_choice, is_int
 
 if TYPE_CHECKING:
     import optuna
@@ -55,53 +56,13 @@ NET_ARCHS: dict[str, dict[str, list[int]]] = {
     "small": dict(pi=[64, 64], vf=[64, 64]),
     "medium": dict(pi=[256, 256], vf=[256, 256]),
 }
-ACTIVATIONS: dict[str, type[nn.Module]] = {
-    "tanh": nn.Tanh,
-    "relu": nn.ReLU,
-    "elu": nn.ELU,
-    "leaky_relu": nn.LeakyReLU,
-    "gelu": nn.GELU,
-    "silu": nn.SiLU,
-}
 N_EPOCHS = [1, 4, 5, 10, 20]
 TARGET_KLS = [None, 0.01, 0.02, 0.05]
 CLIP_RANGES = [0.1, 0.2, 0.3, 0.4]
 CLIP_RANGES_VF = [0.1, 0.2, 0.5, 1.0, 10.0]
 SDE_SAMPLE_FREQS = [-1, 4, 16]
-# Keys whose rl-zoo3 form ``lin_<x>`` is a linear schedule from x to 0.
-SCHEDULE_KEYS = ("learning_rate", "clip_range", "clip_range_vf")
-
-
-def activation_class(name: str) -> type[nn.Module]:
-    """The torch activation for ``tanh`` / ``relu`` / ... (also ``nn.Tanh``, ``torch.nn.ReLU``); no ``eval``."""
-    key = re.sub(r"^(torch\.)?nn\.", "", name.strip())
-    by_class_name = {cls.__name__: cls for cls in ACTIVATIONS.values()}
-    if key.lower() in ACTIVATIONS:
-        return ACTIVATIONS[key.lower()]
-    if key in by_class_name:
-        return by_class_name[key]
-    raise ValueError(f"activation_fn={name!r} is not one of {sorted(ACTIVATIONS)} (or their nn.* class names)")
-
-
-def to_ppo_ext_kwargs(params: dict[str, Any]) -> dict[str, Any]:
-    """
-    Turn settings in rl-zoo3's yml form into PPOExt keyword arguments.
-
-    ``lin_<x>`` strings of :data:`SCHEDULE_KEYS` become linear schedules from x to 0, and
-    ``policy_kwargs["activation_fn"]`` names become torch classes.
-
-    :param params: settings as the sampler or a yml entry gives them
-    :return: a new dict
-    """
-    kwargs = dict(params)
-    for key in SCHEDULE_KEYS:
-        value = kwargs.get(key)
-        if isinstance(value, str) and value.startswith("lin_"):
-            kwargs[key] = LinearSchedule(float(value[len("lin_") :]), 0.0, 1.0)
-    policy_kwargs = kwargs.get("policy_kwargs")
-    if isinstance(policy_kwargs, dict) and isinstance(policy_kwargs.get("activation_fn"), str):
-        kwargs["policy_kwargs"] = {**policy_kwargs, "activation_fn": activation_class(policy_kwargs["activation_fn"])}
-    return kwargs
+# The settings owner's helpers, under the names this module has always exported.
+to_ppo_ext_kwargs = to_algorithm_kwargs
 
 
 # --- the search space --------------------------------------------------------------------------
@@ -220,16 +181,10 @@ def ppo_ext_kwargs_from_params(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _power_of_two(name: str, value: Any, low: int, high: int) -> int:
-    exponent = math.log2(value) if isinstance(value, int) and value > 0 else -1.0
+    exponent = math.log2(value) if is_int(value) and value > 0 else -1.0
     if not exponent.is_integer() or not low <= exponent <= high:
         raise ValueError(f"{name}={value!r} is not a power of 2 between {2**low} and {2**high}, which the search space needs")
     return int(exponent)
-
-
-def _choice(name: str, value: Any, choices: list[Any]) -> Any:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is not one of the search space's choices {choices}")
-    return value
 
 
 def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dict[str, Any]:
@@ -261,18 +216,18 @@ def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dic
         # Rounded: 1 - 0.9999 is 9.99999999999889e-05 in floating point, below the space's 1e-4.
         "one_minus_gamma": round(1.0 - float(get("gamma")), 12),
         "one_minus_gae_lambda": round(1.0 - float(get("gae_lambda")), 12),
-        "n_epochs": _choice("n_epochs", get("n_epochs"), N_EPOCHS),
+        "n_epochs": check_choice("n_epochs", get("n_epochs"), N_EPOCHS),
         "learning_rate": float(learning_rate[len("lin_") :]) if linear else float(learning_rate),
         "lr_schedule": "linear" if linear else "constant",
         "max_grad_norm": float(get("max_grad_norm", 0.5)),
         "ent_coef": max(float(get("ent_coef", 0.0)), 1e-8),
-        "target_kl": _choice("target_kl", get("target_kl"), TARGET_KLS),
+        "target_kl": check_choice("target_kl", get("target_kl"), TARGET_KLS),
         "objective": "+".join(name for name, on in (("clip", clip_range is not None), ("kl", kl_coef > 0)) if on),
     }
     if not params["objective"]:
         raise ValueError("clip_range=None with kl_coef=0: the entry has no policy objective")
     if clip_range is not None:
-        params["clip_range"] = _choice("clip_range", clip_range, CLIP_RANGES)
+        params["clip_range"] = check_choice("clip_range", clip_range, CLIP_RANGES)
     if kl_coef > 0:
         params["kl_coef"] = kl_coef
         params["kl_adaptive"] = get("kl_target") is not None
@@ -281,7 +236,7 @@ def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dic
     clip_range_vf = get("clip_range_vf")
     params["vf_clip"] = "none" if clip_range_vf is None else get("vf_clip_mode", "clipped")
     if clip_range_vf is not None:
-        params["clip_range_vf"] = _choice("clip_range_vf", clip_range_vf, CLIP_RANGES_VF)
+        params["clip_range_vf"] = check_choice("clip_range_vf", clip_range_vf, CLIP_RANGES_VF)
     policy_kwargs = dict(get("policy_kwargs") or {})
     net_arch = policy_kwargs.get("net_arch", NET_ARCHS["small"])
     names = [name for name, arch in NET_ARCHS.items() if arch == net_arch]
@@ -289,14 +244,14 @@ def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dic
         raise ValueError(f"policy_kwargs.net_arch={net_arch!r} is not one of the search space's {NET_ARCHS}")
     activation = activation_class(policy_kwargs.get("activation_fn", "tanh"))
     params["net_arch"] = names[0]
-    params["activation_fn"] = _choice("activation_fn", activation.__name__.lower(), ["tanh", "relu"])
+    params["activation_fn"] = check_choice("activation_fn", activation.__name__.lower(), ["tanh", "relu"])
     params["ortho_init"] = bool(policy_kwargs.get("ortho_init", True))
     if not continuous:
         return params
     params["squash"] = bool(policy_kwargs.get("squash_output", True))
     if get("use_sde", False):
         params["exploration"] = "gsde"
-        params["sde_sample_freq"] = _choice("sde_sample_freq", get("sde_sample_freq", -1), SDE_SAMPLE_FREQS)
+        params["sde_sample_freq"] = check_choice("sde_sample_freq", get("sde_sample_freq", -1), SDE_SAMPLE_FREQS)
     else:
         params["exploration"] = "state_dependent_std" if policy_kwargs.get("state_dependent_std") else "gaussian"
     params["log_std_init"] = float(policy_kwargs.get("log_std_init", 0.0))
@@ -341,114 +296,25 @@ def convert_zoo_params(params: dict[str, Any]) -> dict[str, Any]:
     return _replay(params)
 
 
-# --- storage -----------------------------------------------------------------------------------
-
-
-class StorageError(RuntimeError):
-    """An Optuna storage could not be opened; the message names the (password-masked) URL and the reason."""
-
-
-def _mask_password(url: str) -> str:
-    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
-
-
-def _open_rdb_storage(url: str, engine_kwargs: dict[str, Any], heartbeat: dict[str, Any], attempts: int = 3) -> Any:
-    """
-    ``RDBStorage(url)``; retried when workers started together race to create Optuna's tables
-    (PostgreSQL: IntegrityError; SQLite: OperationalError "table ... already exists").
-    """
-    import time
-
-    import optuna
-    from sqlalchemy.exc import IntegrityError, OperationalError
-
-    for attempt in range(attempts):
-        try:
-            with warnings.catch_warnings():  # heartbeat_interval is marked experimental
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **heartbeat)
-        except (IntegrityError, OperationalError) as error:
-            racing = isinstance(error, IntegrityError) or "already exists" in str(error)
-            if not racing or attempt == attempts - 1:
-                raise
-            time.sleep(0.5 * (attempt + 1))  # another worker is creating the tables: they exist when it is done
-    raise AssertionError("unreachable")
-
-
-# Dead-worker detection on RDB storages: a RUNNING trial whose worker sent no heartbeat for
-# ``grace_period`` seconds is marked FAIL by the next worker that starts a trial, and re-queued.
-HEARTBEAT_INTERVAL = 60
-MAX_RETRY = 3
-
-
-def make_storage(
-    url: str | None,
-    heartbeat_interval: int | None = HEARTBEAT_INTERVAL,
-    grace_period: int | None = None,
-    max_retry: int = MAX_RETRY,
-) -> optuna.storages.BaseStorage | None:
-    """
-    Open the Optuna storage for ``url``: the single place where tuning storage is created.
-
-    - ``None``: in-memory (one process);
-    - a path ending in ``.log``: ``JournalStorage(JournalFileBackend(path))`` — several processes
-      on one machine, no server (rl-zoo3 uses the same rule);
-    - any SQLAlchemy URL (``sqlite:///study.db``, ``postgresql://user:pass@host/db``): an
-      ``RDBStorage``, connected (and Optuna's tables created) here, so an unreachable server fails
-      now with a :class:`StorageError` and not in the middle of a study. It has Optuna's heartbeat:
-      each running trial records a heartbeat every ``heartbeat_interval`` seconds; a trial whose
-      worker died (SIGKILL, preemption, lost machine) is marked ``FAIL`` by the next worker that
-      starts a trial once ``grace_period`` seconds have passed without one, and
-      ``RetryHeartbeatStaleTrialCallback`` (``RetryFailedTrialCallback`` before Optuna 4.9)
-      enqueues a copy with the same parameters, up to ``max_retry`` times per original trial; the
-      copy's ``system_attrs["failed_trial"]`` is the dead trial's number.
-
-    :param url: storage URL or journal file path
-    :param heartbeat_interval: seconds between heartbeats (RDB storages); None or 0 turns dead-worker detection off
-    :param grace_period: seconds without a heartbeat after which a trial counts as dead (default: Optuna's, 2 intervals)
-    :param max_retry: how many times a dead trial is re-queued
-    :return: the storage, or None for in-memory
-    :raises StorageError: the storage cannot be opened
-    :raises ValueError: a non-positive interval or grace period, or a negative ``max_retry``
-    """
-    import optuna
-
-    for name, value in (("heartbeat_interval", heartbeat_interval), ("grace_period", grace_period)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ValueError(f"{name}={value!r} is invalid: expected a whole number of seconds >= 0 or None")
-    if isinstance(max_retry, bool) or not isinstance(max_retry, int) or max_retry < 0:
-        raise ValueError(f"max_retry={max_retry!r} is invalid: expected an int >= 0")
-    if url is None:
-        return None
-    if url.endswith(".log"):
-        from pathlib import Path
-
-        from optuna.storages.journal import JournalFileBackend
-
-        Path(url).parent.mkdir(parents=True, exist_ok=True)
-        return optuna.storages.JournalStorage(JournalFileBackend(url))
-    if "://" not in url:
-        raise StorageError(
-            f"Optuna storage {url!r} is neither a database URL (sqlite:///file.db, postgresql://user@host/db) "
-            "nor a journal file path ending in .log"
-        )
-    engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}
-    if url.startswith("postgresql"):
-        engine_kwargs["connect_args"] = {"connect_timeout": 10}
-    heartbeat: dict[str, Any] = {}
-    if heartbeat_interval:
-        heartbeat = dict(heartbeat_interval=heartbeat_interval, grace_period=grace_period or None)
-        with warnings.catch_warnings():  # the callback is marked experimental
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            if hasattr(optuna.storages, "RetryHeartbeatStaleTrialCallback"):  # Optuna >= 4.9
-                retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry)
-                heartbeat["heartbeat_stale_trial_callback"] = retry
-            else:  # the older name of the same callback
-                heartbeat["failed_trial_callback"] = optuna.storages.RetryFailedTrialCallback(max_retry)
-    try:
-        return _open_rdb_storage(url, engine_kwargs, heartbeat)
-    except ImportError as error:
-        raise StorageError(f"cannot open Optuna storage {_mask_password(url)}: missing database driver ({error})") from None
-    except Exception as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise StorageError(f"cannot open Optuna storage {_mask_password(url)}: {reason}") from None
+__all__ = [
+    "ACTIVATIONS",
+    "CLIP_RANGES",
+    "CLIP_RANGES_VF",
+    "HEARTBEAT_INTERVAL",
+    "MAX_RETRY",
+    "N_EPOCHS",
+    "NET_ARCHS",
+    "SCHEDULE_KEYS",
+    "SDE_SAMPLE_FREQS",
+    "TARGET_KLS",
+    "StorageError",
+    "activation_class",
+    "convert_zoo_params",
+    "make_storage",
+    "params_from_zoo_entry",
+    "ppo_ext_kwargs_from_params",
+    "sample_ppo_ext_params",
+    "sample_zoo_form",
+    "sample_zoo_params",
+    "to_ppo_ext_kwargs",
+]

@@ -81,16 +81,9 @@ def check_real(
     return float(value)
 
 
-def optional_real(
-    name: str,
-    value: Any,
-    low: float | None = None,
-    high: float | None = None,
-    strict: bool = True,
-    finite: bool = True,
-) -> float | None:
-    """:func:`check_real` that lets ``None`` through."""
-    return None if value is None else check_real(name, value, low, high, strict, finite)
+def optional_real(name: str, value: Any, **bounds: Any) -> float | None:
+    """:func:`check_real` (same keyword arguments: ``low``, ``high``, ``strict``, ``finite``) letting ``None`` through."""
+    return None if value is None else check_real(name, value, **bounds)
 
 
 def check_int(name: str, value: Any, low: int | None = 1) -> int:

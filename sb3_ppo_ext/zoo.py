@@ -13,7 +13,8 @@ calls rl-zoo3's original code unchanged, so they behave, save and evaluate exact
 package (``tests/test_zoo_seams.py`` runs ``--algo ppo`` both ways and compares). The seams, and why
 each exists:
 
-- ``rl_zoo3.utils.ALGOS``: ``ALGOS["ppo_ext"] = PPOExt`` (a new key; existing keys are kept), as
+- ``rl_zoo3.utils.ALGOS``: ``ALGOS["ppo_ext"] = PPOExt`` and every other entry of
+  :data:`sb3_ppo_ext.settings.ALGORITHMS` (new keys; existing keys are kept), as
   ``--algo`` choices are read from it when the parser is built.
 - ``rl_zoo3.utils.StoreDict.__call__``: for our algorithms a malformed ``-params`` /
   ``--env-kwargs`` value becomes an argparse error (usage line, exit status 2) naming the value,
@@ -23,14 +24,20 @@ each exists:
   keys, the sampler and converter of :mod:`sb3_ppo_ext.samplers` (``-optimize``, ``--trial-id``).
 - ``ExperimentManager.__init__``: the default ``--conf-file`` is the ``ppo_ext.yml`` shipped in this
   package (rl-zoo3 only looks inside its own package).
+- ``ExperimentManager.read_hyperparameters``: the settings are checked by
+  :mod:`sb3_ppo_ext.settings` before rl-zoo3 merges ``-params``, parses schedules or evaluates
+  strings: the yml entry and the ``-params`` values each key by key (a mistake is blamed on its
+  own source), then the merged settings as a whole; nothing is written before.
 - ``ExperimentManager._preprocess_hyperparams``: ``clip_range: null`` / ``clip_range_vf: null``
-  pass through (rl-zoo3 would make schedules of them), the settings are checked against PPOExt's
-  parameters before anything is written, and activation names in ``policy_kwargs``
+  pass through (rl-zoo3 would make schedules of them), and activation names in ``policy_kwargs``
   (``activation_fn: tanh``) are mapped to torch classes without ``eval``.
-- ``ExperimentManager.setup_experiment``: a run folder created by a failed run is removed (it
-  would become the "latest" run that ``enjoy`` loads).
+- ``ExperimentManager.setup_experiment``: with ``-optimize``, the Optuna storage is opened first,
+  so an unreachable database leaves no folder; a run folder created by a failed run is removed
+  (it would become the "latest" run that ``enjoy`` loads), and so is an empty ``<log-folder>/<algo>``.
+- ``sys.excepthook`` (for our errors only): a settings or storage error ends the command with one
+  ``error: ...`` paragraph and exit status 1, without a traceback.
 - ``ExperimentManager.hyperparameters_optimization`` / ``load_trial``: an Optuna storage URL is
-  opened (and checked) through :func:`sb3_ppo_ext.samplers.make_storage` before a study starts or
+  opened (and checked) through :func:`sb3_ppo_ext.storage.make_storage` before a study starts or
   a ``--trial-id`` is loaded, and ``-optimize`` runs on that storage object (Optuna's heartbeat: a
   dead worker's trial is failed and retried); a run folder without a model is removed afterwards.
 - ``ExperimentManager.create_callbacks`` / ``_maybe_normalize`` / ``_load_pretrained_agent`` /
@@ -44,7 +51,6 @@ Importing this module imports neither rl_zoo3 nor optuna.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import functools
 import inspect
 import os
@@ -54,66 +60,90 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
-from sb3_ppo_ext.hyperparams import PPO_EXT_YML
-from sb3_ppo_ext.ppo_ext import PPOExt
+from sb3_ppo_ext import settings
+from sb3_ppo_ext.settings import SettingsError
 
 ALGO_NAME = "ppo_ext"
-# The rl-zoo3 algorithm names of this package. Every seam below acts only when rl-zoo3 runs one of
-# them (extend this set when an algorithm is registered); rl-zoo3's own algorithms are left as they are.
-OUR_ALGOS = frozenset({ALGO_NAME})
+# The rl-zoo3 algorithm names of this package: the table of sb3_ppo_ext.settings.ALGORITHMS (register
+# an algorithm there). Every seam below acts only when rl-zoo3 runs one of them; rl-zoo3's own
+# algorithms are left as they are.
+OUR_ALGOS = frozenset(settings.ALGORITHMS)
 # Keyword arguments that rl-zoo3 passes to the algorithm itself: a yml entry may not set them.
-ZOO_RESERVED_KWARGS = frozenset({"env", "tensorboard_log", "seed", "verbose", "device"})
+ZOO_RESERVED_KWARGS = settings.RESERVED_KEYS - {"_init_setup_model"}
 # Marks the rl-zoo3 objects already patched, so that registering twice changes nothing.
 _PATCHED = "_sb3_ppo_ext_patched"
 
 
-class ZooConfigError(ValueError):
-    """A ppo_ext setting that rl-zoo3 would pass to PPOExt is invalid (unknown name, reserved name, bad value)."""
+class ZooConfigError(SettingsError):
+    """A setting of one of our algorithms on the rl-zoo3 route is invalid, or its Optuna storage cannot be opened."""
 
 
-def ppo_ext_parameters() -> list[str]:
-    """Names of the keyword arguments a yml entry may give to :class:`PPOExt` (``policy`` included)."""
-    names = inspect.signature(PPOExt.__init__).parameters
-    return sorted(name for name in names if name not in {"self", "_init_setup_model"} | ZOO_RESERVED_KWARGS)
+def ppo_ext_parameters(algo: str = ALGO_NAME) -> list[str]:
+    """Names of the keyword arguments a yml entry may give to the algorithm (``policy`` included)."""
+    return sorted(settings.algorithm_parameters(settings.algorithm_spec(algo).algorithm_class()))
 
 
-def check_hyperparams(hyperparams: dict[str, Any], source: str) -> dict[str, Any]:
+def check_hyperparams(hyperparams: dict[str, Any], source: str, algo: str = ALGO_NAME) -> dict[str, Any]:
     """
-    Check the settings rl-zoo3 is about to pass to PPOExt and resolve activation names.
+    Check the settings rl-zoo3 is about to pass to the algorithm (:func:`sb3_ppo_ext.settings.entry_problems`)
+    and resolve activation names.
 
     :param hyperparams: the settings left after rl-zoo3's preprocessing
     :param source: where they come from (file, env id), for the message
+    :param algo: the algorithm's rl-zoo3 name
     :return: the settings, with ``policy_kwargs["activation_fn"]`` a torch class (a new dict if changed)
-    :raises ZooConfigError: naming each unknown parameter, close matches and the accepted names
+    :raises ZooConfigError: naming the source and each problem (unknown names with close matches)
     """
-    from sb3_ppo_ext.hyperparams import type_problem
-
-    allowed = ppo_ext_parameters()
-    defaults = {name: p.default for name, p in inspect.signature(PPOExt.__init__).parameters.items()}
-    problems = []
-    for key in sorted(hyperparams):
-        if key in ZOO_RESERVED_KWARGS:
-            problems.append(f"'{key}' is set by rl-zoo3 itself (use its command-line option instead)")
-        elif key not in allowed:
-            close = difflib.get_close_matches(key, allowed, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            problems.append(f"unknown PPOExt parameter '{key}'{hint}")
-        elif problem := type_problem(key, hyperparams[key], defaults[key]):
-            problems.append(problem)
+    problems = settings.entry_problems(hyperparams, algo)
     if problems:
-        raise ZooConfigError(
-            f"invalid ppo_ext hyperparameters from {source}: {'; '.join(problems)}. PPOExt accepts: {', '.join(allowed)}"
-        )
+        raise ZooConfigError(f"invalid {algo} hyperparameters from {source}: {'; '.join(problems)}")
     policy_kwargs = hyperparams.get("policy_kwargs")
     if isinstance(policy_kwargs, dict) and isinstance(policy_kwargs.get("activation_fn"), str):
-        from sb3_ppo_ext.samplers import activation_class
-
-        try:
-            activation = activation_class(policy_kwargs["activation_fn"])
-        except ValueError as error:
-            raise ZooConfigError(f"invalid ppo_ext hyperparameters from {source}: {error}") from None
+        activation = settings.activation_class(policy_kwargs["activation_fn"])
         hyperparams = {**hyperparams, "policy_kwargs": {**policy_kwargs, "activation_fn": activation}}
     return hyperparams
+
+
+def _check_settings_before_zoo(manager: Any) -> str:
+    """
+    ``read_hyperparameters`` for our algorithms, before rl-zoo3 reads anything: the yml entry it will
+    use and the ``-params`` values, each checked key by key and blamed on its own source.
+
+    :return: the name of the settings' source, for the check of the merged settings
+    """
+    algo, config, env_id = manager.algo, str(manager.config), manager.env_name.gym_id
+    source = config
+    if config.endswith((".yml", ".yaml")):  # a .py conf file or a module is rl-zoo3's to execute
+        entries = settings.read_entries(config)
+        name = settings.select_entry(entries, env_id, atari=bool(getattr(manager, "_is_atari", False)))
+        if name is not None:
+            source = f"{config} (entry {name!r})"
+            problems = settings.entry_problems(entries[name], algo, whole=False)
+            if problems:
+                raise ZooConfigError(f"invalid {algo} hyperparameters in {source}: {'; '.join(problems)}")
+    if manager.custom_hyperparams:
+        problems = settings.entry_problems(manager.custom_hyperparams, algo, whole=False)
+        if problems:
+            raise ZooConfigError(f"invalid {algo} hyperparameters in -params: {'; '.join(problems)}")
+        source += " with -params"
+    return source
+
+
+def _print_settings_errors(hook: Any) -> Any:
+    """
+    ``sys.excepthook`` that prints our settings and storage errors as one ``error:`` paragraph,
+    without a traceback (the exit status stays 1); every other exception goes to ``hook``.
+    """
+
+    @functools.wraps(hook)
+    def excepthook(kind, error, traceback):
+        if isinstance(error, SettingsError):
+            print(f"error: {error}", file=sys.stderr)
+            return None
+        return hook(kind, error, traceback)
+
+    setattr(excepthook, _PATCHED, True)
+    return excepthook
 
 
 # --- rl_zoo3.utils ---------------------------------------------------------------------------
@@ -143,7 +173,8 @@ def _command_line_algo(namespace: Any) -> str | None:
 
 
 def _register_algo(utils: ModuleType) -> None:
-    utils.ALGOS.setdefault(ALGO_NAME, PPOExt)
+    for name, spec in settings.ALGORITHMS.items():
+        utils.ALGOS.setdefault(name, spec.algorithm_class())
     store_dict = utils.StoreDict
     if getattr(store_dict.__call__, _PATCHED, False):
         return
@@ -170,10 +201,11 @@ def _register_algo(utils: ModuleType) -> None:
 
 
 def _register_sampler(hyperparams_opt: ModuleType) -> None:
-    from sb3_ppo_ext import samplers
-
-    hyperparams_opt.HYPERPARAMS_SAMPLER.setdefault(ALGO_NAME, samplers.sample_zoo_params)
-    hyperparams_opt.HYPERPARAMS_CONVERTER.setdefault(ALGO_NAME, samplers.convert_zoo_params)
+    for name, spec in settings.ALGORITHMS.items():
+        if spec.sampler is not None:
+            hyperparams_opt.HYPERPARAMS_SAMPLER.setdefault(name, settings.import_object(spec.sampler))
+        if spec.converter is not None:
+            hyperparams_opt.HYPERPARAMS_CONVERTER.setdefault(name, settings.import_object(spec.converter))
 
 
 # --- rl_zoo3.exp_manager ---------------------------------------------------------------------
@@ -188,14 +220,16 @@ def _patch_experiment_manager(exp_manager: ModuleType) -> None:
     original_setup = manager_class.setup_experiment
     original_optimization = manager_class.hyperparameters_optimization
     original_load_trial = manager_class.load_trial
+    original_read = manager_class.read_hyperparameters
     init_signature = inspect.signature(original_init)
 
     @functools.wraps(original_init)
     def __init__(self, *args, **kwargs):
         bound = init_signature.bind(self, *args, **kwargs)
-        if is_ours(bound.arguments.get("algo")) and bound.arguments.get("config") is None:
-            # rl-zoo3 looks for <rl_zoo3 package>/hyperparams/<algo>.yml; ours ships in sb3_ppo_ext.
-            bound.arguments["config"] = str(PPO_EXT_YML)
+        algo = bound.arguments.get("algo")
+        if is_ours(algo) and bound.arguments.get("config") is None and settings.ALGORITHMS[algo].hyperparams is not None:
+            # rl-zoo3 looks for <rl_zoo3 package>/hyperparams/<algo>.yml; ours ship in sb3_ppo_ext.
+            bound.arguments["config"] = str(settings.ALGORITHMS[algo].hyperparams)
         original_init(*bound.args, **bound.kwargs)
 
     @functools.wraps(original_preprocess)
@@ -208,20 +242,42 @@ def _patch_experiment_manager(exp_manager: ModuleType) -> None:
             key: None for key in ("clip_range", "clip_range_vf") if key in hyperparams and hyperparams[key] is None
         }
         hyperparams, *rest = original_preprocess(self, {k: v for k, v in hyperparams.items() if k not in switched_off})
-        hyperparams = check_hyperparams({**hyperparams, **switched_off}, f"{self.config} (env {self.env_name.gym_id})")
+        hyperparams = check_hyperparams(
+            {**hyperparams, **switched_off}, f"{self.config} (env {self.env_name.gym_id})", self.algo
+        )
         return (hyperparams, *rest)
+
+    @functools.wraps(original_read)
+    def read_hyperparameters(self):
+        if not is_ours(self.algo):
+            return original_read(self)
+        # Checked before rl-zoo3 merges -params, parses schedules or evaluates strings.
+        source = _check_settings_before_zoo(self)
+        hyperparams, saved_hyperparams = original_read(self)
+        if not isinstance(hyperparams, dict):  # an entry of a .py conf file
+            raise ZooConfigError(f"invalid {self.algo} hyperparameters in {source}: expected a mapping of settings")
+        # The merged settings (file, trial, -params) as a whole: the rules that tie parameters together.
+        problems = settings.entry_problems(hyperparams, self.algo)
+        if problems:
+            raise ZooConfigError(f"invalid {self.algo} hyperparameters in {source}: {'; '.join(problems)}")
+        return hyperparams, saved_hyperparams
 
     @functools.wraps(original_setup)
     def setup_experiment(self):
         if not is_ours(self.algo):
             return original_setup(self)
-        existed = os.path.exists(self.save_path)
+        log_existed, existed = os.path.exists(self.log_path), os.path.exists(self.save_path)
         try:
+            if self.optimize_hyperparameters:
+                # Opens the database (and creates Optuna's tables) before any folder is made.
+                self._sb3_ppo_ext_storage = _check_storage(self.storage)
             return original_setup(self)
         except BaseException:
             # A run folder left by a failed run would become the "latest" run that enjoy loads.
             if not existed:
                 shutil.rmtree(self.save_path, ignore_errors=True)
+            if not log_existed:
+                _remove_empty_folder(self.log_path)
             raise
 
     @functools.wraps(original_load_trial)
@@ -235,8 +291,8 @@ def _patch_experiment_manager(exp_manager: ModuleType) -> None:
         if not is_ours(self.algo):
             return original_optimization(self)
         try:
-            # Opens the database (and creates Optuna's tables) before any trial runs.
-            storage = _check_storage(self.storage)
+            # Opened by setup_experiment (a direct call opens it here) before any trial runs.
+            storage = getattr(self, "_sb3_ppo_ext_storage", None) or _check_storage(self.storage)
         except ZooConfigError:
             _remove_run_without_model(self.save_path)
             raise
@@ -250,11 +306,14 @@ def _patch_experiment_manager(exp_manager: ModuleType) -> None:
 
     manager_class.__init__ = __init__
     manager_class._preprocess_hyperparams = _preprocess_hyperparams
+    manager_class.read_hyperparameters = read_hyperparameters
     manager_class.setup_experiment = setup_experiment
     manager_class.hyperparameters_optimization = hyperparameters_optimization
     manager_class.load_trial = load_trial
     _patch_checkpoints_and_resume(manager_class)
     setattr(manager_class, _PATCHED, True)
+    if not getattr(sys.excepthook, _PATCHED, False):
+        sys.excepthook = _print_settings_errors(sys.excepthook)
 
 
 def _patch_checkpoints_and_resume(manager_class: Any) -> None:
@@ -346,7 +405,7 @@ def _checkpoint_vec_normalize(trained_agent: str) -> str | None:
 
 def _check_storage(storage: str | None) -> Any:
     """
-    Open an RDB storage URL through :func:`sb3_ppo_ext.samplers.make_storage`; ZooConfigError if it fails.
+    Open an RDB storage URL through :func:`sb3_ppo_ext.storage.make_storage`; ZooConfigError if it fails.
 
     The storage has Optuna's heartbeat (dead-worker detection and retry); ``SB3_PPO_EXT_HEARTBEAT_INTERVAL``
     and ``SB3_PPO_EXT_GRACE_PERIOD`` (seconds) set its interval and grace period, as rl-zoo3 has no
@@ -356,7 +415,7 @@ def _check_storage(storage: str | None) -> Any:
     """
     if storage is None or storage.endswith(".log"):
         return None
-    from sb3_ppo_ext.samplers import HEARTBEAT_INTERVAL, StorageError, make_storage
+    from sb3_ppo_ext.storage import HEARTBEAT_INTERVAL, StorageError, make_storage
 
     try:
         interval = int(os.environ.get("SB3_PPO_EXT_HEARTBEAT_INTERVAL", HEARTBEAT_INTERVAL))
@@ -392,6 +451,12 @@ def _study_storage(url: str | None, storage: Any) -> Iterator[None]:
         yield
     finally:
         optuna.create_study = original
+
+
+def _remove_empty_folder(path: str) -> None:
+    """Remove the folder ``path`` if it exists and is empty."""
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
 
 
 def _remove_run_without_model(save_path: str) -> None:
@@ -449,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.argv = [f"python -m sb3_ppo_ext.zoo {command}", *rest]
     try:
         runpy.run_module(f"rl_zoo3.{command}", run_name="__main__", alter_sys=True)
-    except ZooConfigError as error:
+    except SettingsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0
