@@ -1,0 +1,162 @@
+"""The settings owner: whole entries checked before anything runs, on the Python and the rl-zoo3 route."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from sb3_ppo_ext import settings
+from sb3_ppo_ext.hyperparams import HyperparamsError, load_hyperparams
+from sb3_ppo_ext.settings import SettingsError, check_entry, entry_problems, policy_parameters
+from sb3_ppo_ext.validation import InvalidSettingError
+
+ENTRY_ERRORS = [
+    ({"learning_rate": "abc"}, r"'learning_rate: 'abc'' is neither a number nor a linear schedule"),
+    ({"learning_rate": "3e-4"}, r"PyYAML reads 3e-4 as a string"),
+    ({"learning_rate": "lin_-1"}, r"'learning_rate: 'lin_-1'' is neither"),
+    ({"n_envs": 0}, r"'n_envs: 0' is invalid: expected an int >= 1"),
+    ({"n_epochs": 2.0}, r"'n_epochs: 2.0' is a float, expected int"),
+    ({"n_epochs": 0}, r"n_epochs=0 is invalid: expected an int >= 1"),
+    ({"frame_stack": True}, r"'frame_stack: True' is a bool, expected int"),
+    ({"n_timesteps": "1e6"}, r"'n_timesteps: '1e6'' is a str"),
+    ({"gamma": 1.5}, r"gamma=1.5 is invalid"),
+    ({"kl_coef": 1.0, "kl_target": float("inf")}, r"kl_target=inf is invalid"),
+    ({"kl_target": 0.01}, r"kl_target=0.01 needs kl_coef > 0"),
+    ({"n_steps": 1}, r"n_steps \* n_envs = 1 is invalid with normalize_advantage"),
+    ({"normalize_advantage": "false"}, r"a string is not a boolean"),
+    ({"policy_kwargs": {"net_archh": [64]}}, r"unknown key 'net_archh' in policy_kwargs of \w+ \(did you mean 'net_arch'\?\)"),
+    ({"policy_kwargs": {"squash_output": "false"}}, r"policy_kwargs.squash_output='false' is invalid"),
+    ({"policy_kwargs": {"state_dependent_std": "false"}}, r"policy_kwargs.state_dependent_std='false' is invalid"),
+    ({"policy_kwargs": {"activation_fn": "swish"}}, r"activation_fn='swish' is not one of"),
+    ({"policy_kwargs": {"net_arch": [64, 0]}}, r"policy_kwargs.net_arch: \[64, 0\]' is invalid"),
+    ({"policy_kwargs": {"entropy_estimator": "exact"}}, r"policy_kwargs.entropy_estimator='exact' is invalid"),
+    ({"policy_kwargs": {"log_std_init": "big"}}, r"'policy_kwargs.log_std_init: 'big'' is a str"),
+    ({"policy_kwargs": "dict(net_arch=[64], activaton_fn=nn.ReLU)"}, r"unknown key 'activaton_fn' in policy_kwargs"),
+    ({"policy_kwargs": "dict(net_arch=[64"}, r"'policy_kwargs: .*' is not a Python expression"),
+    ({"policy_kwargs": {"use_sde": True}}, r"unknown key 'use_sde' in policy_kwargs"),
+    ({"normalize": "dict(norm_obs=False, norm_rewrd=True)"}, r"unknown key 'norm_rewrd' in normalize"),
+    ({"normalize": "true"}, r"'normalize: 'true'' is invalid"),
+    ({"seed": 1}, r"'seed' is set by rl-zoo3 itself"),
+    ({"kl_targt": 0.1}, r"unknown key 'kl_targt' \(did you mean 'kl_target'\?\)"),
+]
+
+
+@pytest.mark.parametrize("entry, message", ENTRY_ERRORS)
+def test_bad_entry_names_source_and_key(entry, message):
+    with pytest.raises(SettingsError, match=rf"^x\.yml \(entry 'E'\): .*{message}"):
+        check_entry({"policy": "MlpPolicy", **entry}, "x.yml (entry 'E')")
+
+
+def test_errors_are_value_and_assertion_errors():
+    assert issubclass(SettingsError, ValueError) and issubclass(SettingsError, AssertionError)
+    assert issubclass(SettingsError, InvalidSettingError) and HyperparamsError is SettingsError
+
+
+def test_entry_that_is_not_a_mapping(tmp_path: Path):
+    path = tmp_path / "bad.yml"
+    path.write_text("Pendulum-v1: 5\n")
+    with pytest.raises(SettingsError, match=rf"{re.escape(str(path))} \(entry 'Pendulum-v1'\): expected a mapping of settings, got int 5"):
+        load_hyperparams("Pendulum-v1", path)
+
+
+def test_valid_entries_pass():
+    good = {
+        "policy": "MlpPolicy",
+        "n_envs": np.int64(4),
+        "n_timesteps": 1.0e5,
+        "n_epochs": np.int32(3),
+        "learning_rate": "lin_3e-4",
+        "clip_range": None,
+        "kl_coef": np.float32(1.0),
+        "kl_target": 0.01,
+        "max_grad_norm": 5,
+        "normalize": "dict(norm_obs=True, norm_reward=False)",
+        "policy_kwargs": {"activation_fn": "relu", "squash_output": np.bool_(True), "net_arch": {"pi": [64], "vf": [64]}},
+    }
+    assert check_entry(good, "x") == good
+    assert check_entry({"policy_kwargs": "dict(net_arch=[64, 64], activation_fn=nn.ReLU)"}, "x")
+    for env_id, entry in settings.read_entries(settings.PPO_EXT_YML).items():
+        assert entry_problems(entry) == [], env_id
+
+
+def test_partial_entry_skips_the_rules_across_parameters():
+    """``-params`` is checked key by key; kl_target may need a kl_coef that the file's entry gives."""
+    assert entry_problems({"kl_target": 0.01}, whole=False) == []
+    assert entry_problems({"kl_target": 0.01}) != []
+
+
+def test_policy_parameters_follow_the_constructor_chain():
+    from stable_baselines3.common.policies import ActorCriticPolicy
+
+    from sb3_ppo_ext import PPOExt
+
+    names = policy_parameters(PPOExt.policy_aliases["CnnPolicy"])
+    assert {"features_extractor_class", "squash_output", "entropy_estimator", "net_arch", "ortho_init"} <= set(names)
+    assert not {"observation_space", "action_space", "lr_schedule", "use_sde"} & set(names)
+    assert set(policy_parameters(ActorCriticPolicy)) < set(names)
+
+
+def test_settings_are_parameterised_by_the_algorithm_class(monkeypatch: pytest.MonkeyPatch):
+    """Another algorithm registered in the table gets its own names, policy_kwargs and argument check."""
+    sb3_contrib = pytest.importorskip("sb3_contrib")
+    assert sb3_contrib
+    spec = settings.AlgorithmSpec("ppo_lstm_test", "sb3_contrib:RecurrentPPO")
+    monkeypatch.setitem(settings.ALGORITHMS, spec.name, spec)
+    entry = {"policy": "MlpLstmPolicy", "n_steps": 128, "policy_kwargs": {"lstm_hidden_size": 32, "enable_critic_lstm": True}}
+    assert entry_problems(entry, "ppo_lstm_test") == []
+    problems = entry_problems(
+        {"policy": "MlpLstmPolicy", "kl_coef": 1.0, "policy_kwargs": {"lstm_hiden_size": 32, "shared_lstm": "no"}},
+        "ppo_lstm_test",
+    )
+    assert "unknown key 'kl_coef'" in problems[0]
+    assert "unknown key 'lstm_hiden_size' in policy_kwargs of RecurrentActorCriticPolicy (did you mean 'lstm_hidden_size'?)" in problems
+    assert any("policy_kwargs.shared_lstm='no' is invalid" in p for p in problems)
+
+
+# --- the rl-zoo3 route: a subprocess of the development environment (the startup hook is installed) ----------
+
+
+def _zoo(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "rl_zoo3.train", "--algo", "ppo_ext", "-n", "64", "--eval-freq", "-1", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
+
+
+ZOO_CASES = {
+    "schedule": ("--env Pendulum-v1 --conf-file conf.yml", "conf.yml (entry 'Pendulum-v1'): 'learning_rate: 'abc''"),
+    "not a mapping": ("--env CartPole-v1 --conf-file conf.yml", "conf.yml (entry 'CartPole-v1'): expected a mapping"),
+    "-params typo": ("--env Pendulum-v1 -params n_epoch:2", "in -params: unknown key 'n_epoch' (did you mean 'n_epochs'?)"),
+    "-params float int": ("--env Pendulum-v1 -params n_epochs:2.0", "in -params: 'n_epochs: 2.0' is a float, expected int"),
+    "-params zero": ("--env Pendulum-v1 -params n_envs:0", "in -params: 'n_envs: 0' is invalid"),
+    "-params string bool": (
+        "--env Pendulum-v1 -params policy_kwargs:\"dict(squash_output='false')\"",
+        "in -params: policy_kwargs.squash_output='false' is invalid",
+    ),
+    "unreachable storage": (
+        "--env Pendulum-v1 -optimize --n-trials 1 --storage postgresql://nobody@127.0.0.1:1/x --study-name s",
+        "cannot open Optuna storage postgresql://nobody@127.0.0.1:1/x",
+    ),
+}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("case", sorted(ZOO_CASES))
+def test_zoo_route_reports_bad_settings_without_traceback_or_folder(tmp_path: Path, case: str):
+    extra, message = ZOO_CASES[case]
+    (tmp_path / "conf.yml").write_text(
+        yaml.safe_dump({"Pendulum-v1": {"n_timesteps": 64, "policy": "MlpPolicy", "learning_rate": "abc"}, "CartPole-v1": 5})
+    )
+    result = _zoo(tmp_path, *shlex.split(extra))
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert not (tmp_path / "logs").exists(), sorted(str(p) for p in (tmp_path / "logs").rglob("*"))
