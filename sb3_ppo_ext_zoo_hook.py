@@ -13,7 +13,11 @@ Rules this module keeps, because it runs in every interpreter of the environment
 - no exception ever leaves it and it never prints: if ``sb3_ppo_ext`` is broken or half
   uninstalled, rl-zoo3 simply runs without ``ppo_ext`` (the last error is kept in
   :data:`last_error` for debugging);
-- ``SB3_PPO_EXT_NO_ZOO_HOOK=1`` (any value but empty or ``0``) switches it off.
+- ``SB3_PPO_EXT_NO_ZOO_HOOK`` set to a true value (``1``, ``true``, ``yes`` or ``on``, in any
+  case) switches it off; any other value (``0``, ``false``, ``no``, empty) leaves it on. The
+  ``.pth`` line reads the variable itself, so that a switched-off hook imports nothing; it runs
+  its ``try`` block through ``exec`` of a constant string, because a ``.pth`` line must be a
+  single statement (nothing from the environment or a file is evaluated).
 
 Interpreters that do not read ``.pth`` files (``python -S``, some embedded ones) can use the
 route without a hook: ``python -m sb3_ppo_ext.zoo train --algo ppo_ext ...``.
@@ -23,6 +27,8 @@ import os
 import sys
 
 DISABLE_ENV_VAR = "SB3_PPO_EXT_NO_ZOO_HOOK"
+# Values of DISABLE_ENV_VAR that switch the hook off (compared stripped and lower-cased); the .pth line repeats them.
+TRUE_VALUES = ("1", "true", "yes", "on")
 # rl-zoo3 modules after whose first import sb3_ppo_ext.zoo registers something.
 WATCHED = frozenset({"rl_zoo3.utils", "rl_zoo3.hyperparams_opt", "rl_zoo3.exp_manager"})
 
@@ -91,8 +97,8 @@ class ZooImportHook:
 
 
 def enabled():
-    """Whether the hook may run (``SB3_PPO_EXT_NO_ZOO_HOOK`` unset, empty or ``0``)."""
-    return os.environ.get(DISABLE_ENV_VAR, "") in ("", "0")
+    """Whether the hook may run: ``SB3_PPO_EXT_NO_ZOO_HOOK`` is not one of :data:`TRUE_VALUES`."""
+    return os.environ.get(DISABLE_ENV_VAR, "").strip().lower() not in TRUE_VALUES
 
 
 def install():

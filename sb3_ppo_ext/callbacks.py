@@ -24,7 +24,6 @@ next ``on_rollout_start`` and at ``on_training_end`` (after the last update), on
 from __future__ import annotations
 
 import copy
-import itertools
 import math
 import os
 import warnings
@@ -40,8 +39,16 @@ from stable_baselines3.common.logger import HParam, TensorBoardOutputFormat
 from stable_baselines3.common.utils import FloatSchedule, update_learning_rate
 from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_ppo_ext.reliability import save_model_atomically, save_vec_normalize_atomically
-from sb3_ppo_ext.validation import check_choice, check_positive_int, check_real, is_real, optional_real
+from sb3_ppo_ext.reliability import non_finite_entries, save_model_atomically, save_vec_normalize_atomically
+from sb3_ppo_ext.schedules import ParameterSchedule  # re-exported: ``from sb3_ppo_ext.callbacks import ParameterSchedule``
+from sb3_ppo_ext.validation import (
+    InvalidSettingError,
+    check_choice,
+    check_positive_int,
+    check_real,
+    is_real,
+    optional_real,
+)
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -67,14 +74,10 @@ def _measured_kl(logger_values: Mapping[str, Any], kl_key: str | None) -> tuple[
 
 def _all_finite(value: Any) -> bool:
     """Whether every floating-point entry of an array, tensor, number or dict of them is finite."""
-    if value is None:
-        return True
-    if isinstance(value, dict):
-        return all(_all_finite(item) for item in value.values())
-    if isinstance(value, th.Tensor):
-        return not value.is_floating_point() or bool(th.isfinite(value).all())
-    array = np.asarray(value)
-    return not np.issubdtype(array.dtype, np.floating) or bool(np.isfinite(array).all())
+    return not non_finite_entries(value)
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _tensorboard_writer(callback: BaseCallback) -> Any | None:
@@ -207,172 +210,37 @@ class KLAdaptiveLR(_AfterUpdateCallback):
         self._set_learning_rate(learning_rate)
 
 
-SCHEDULE_KINDS = ("constant", "linear", "cosine", "step", "piecewise")
-SCHEDULE_UNITS = ("progress", "timesteps")
 # Attributes that SB3 and PPOExt call as schedules of the progress remaining.
 SCHEDULE_ATTRIBUTES = ("clip_range", "clip_range_vf")
 # Attributes that must stay integers (``range(n_epochs)``, minibatch sizes): scheduled values are rounded.
 INTEGER_ATTRIBUTES = ("n_epochs", "batch_size")
+# What a schedule may set, per attribute: (low, low is exclusive, high). Integers: the rounded value >= low.
+SCHEDULED_RANGES: dict[str, tuple[float, bool, float | None]] = {
+    "learning_rate": (0.0, True, None),
+    "clip_range": (0.0, True, None),
+    "clip_range_vf": (0.0, True, None),
+    "max_grad_norm": (0.0, True, None),
+    "target_kl": (0.0, True, None),
+    "kl_target": (0.0, True, None),
+    "vf_coef": (0.0, False, None),
+    "kl_coef": (0.0, False, None),
+    "gamma": (0.0, False, 1.0),
+    "gae_lambda": (0.0, False, 1.0),
+    "n_epochs": (1, False, None),
+    "batch_size": (1, False, None),
+}
 
 
-class ParameterSchedule:
-    """
-    A value as a function of training progress or of timesteps; a plain dict of these keywords
-    describes one in yml.
-
-    ``x`` is the fraction of training done (``1 - progress_remaining``, 0 to 1, as SB3 computes
-    it) when ``by="progress"``, or ``model.num_timesteps`` when ``by="timesteps"``.
-
-    - ``constant``: ``value``;
-    - ``linear``: ``start`` at ``x <= begin`` to ``end`` at ``x >= finish``, linear in between;
-    - ``cosine``: the same ends, ``end + (start - end) * (1 + cos(pi * t)) / 2`` with
-      ``t = (x - begin) / (finish - begin)`` clamped to [0, 1];
-    - ``step``: ``values[i]`` where ``i`` is the number of ``boundaries`` (increasing) ``<= x``;
-    - ``piecewise``: linear interpolation through ``points`` (``[[x0, y0], [x1, y1], ...]``, ``x``
-      increasing), constant beyond the first and last points.
-
-    :param kind: One of ``constant``, ``linear``, ``cosine``, ``step``, ``piecewise``
-    :param by: ``progress`` (default) or ``timesteps``
-    :param value: The ``constant`` value
-    :param start: First value of ``linear`` / ``cosine``
-    :param end: Last value of ``linear`` / ``cosine``
-    :param begin: ``x`` where ``linear`` / ``cosine`` leave ``start`` (default 0)
-    :param finish: ``x`` where ``linear`` / ``cosine`` reach ``end`` (default 1 by progress;
-        required by timesteps)
-    :param values: The ``step`` values, one more than ``boundaries``
-    :param boundaries: The ``x`` where ``step`` moves to the next value, increasing
-    :param points: The ``piecewise`` ``[x, y]`` points, ``x`` increasing
-    """
-
-    def __init__(
-        self,
-        kind: str,
-        by: str = "progress",
-        value: float | None = None,
-        start: float | None = None,
-        end: float | None = None,
-        begin: float = 0.0,
-        finish: float | None = None,
-        values: Sequence[float] | None = None,
-        boundaries: Sequence[float] | None = None,
-        points: Sequence[Sequence[float]] | None = None,
-    ):
-        self.kind = _check_choice("kind", kind, SCHEDULE_KINDS)
-        self.by = _check_choice("by", by, SCHEDULE_UNITS)
-        given: dict[str, Any] = {
-            "value": value,
-            "start": start,
-            "end": end,
-            "finish": finish,
-            "values": values,
-            "boundaries": boundaries,
-            "points": points,
-        }
-        needed = {
-            "constant": ("value",),
-            "linear": ("start", "end", "finish"),
-            "cosine": ("start", "end", "finish"),
-            "step": ("values", "boundaries"),
-            "piecewise": ("points",),
-        }[kind]
-        for name, item in given.items():
-            if item is not None and name not in needed:
-                raise ValueError(f"{name}={item!r} is invalid for kind={kind!r}: it takes {needed}")
-        if kind in ("linear", "cosine") and finish is None:
-            if by == "timesteps":
-                raise ValueError(f"finish=None is invalid for kind={kind!r}, by='timesteps': give the timestep of `end`")
-            finish = 1.0
-        self.value = _optional("value", value)
-        self.start = _optional("start", start)
-        self.end = _optional("end", end)
-        self.begin = _check_finite("begin", begin)
-        self.finish = _optional("finish", finish)
-        if kind in ("linear", "cosine"):
-            if self.start is None or self.end is None:
-                raise ValueError(f"start={start!r}, end={end!r} are invalid for kind={kind!r}: both are required numbers")
-            assert self.finish is not None
-            if self.finish <= self.begin:
-                raise ValueError(f"finish={finish!r} is invalid: expected finish > begin={begin!r}")
-        if kind == "constant" and self.value is None:
-            raise ValueError("value=None is invalid for kind='constant': expected a number")
-        self.values: list[float] = []
-        self.boundaries: list[float] = []
-        if kind == "step":
-            self.values = [_check_finite("values[]", item) for item in self._sequence("values", values)]
-            self.boundaries = [_check_finite("boundaries[]", item) for item in self._sequence("boundaries", boundaries)]
-            if len(self.values) != len(self.boundaries) + 1:
-                raise ValueError(
-                    f"values={values!r} is invalid: expected one more value than boundaries ({len(self.boundaries)})"
-                )
-            self._check_increasing("boundaries", self.boundaries)
-        self.points: list[tuple[float, float]] = []
-        if kind == "piecewise":
-            for point in self._sequence("points", points):
-                if not isinstance(point, (list, tuple)) or len(point) != 2:
-                    raise ValueError(f"points={points!r} is invalid: expected [x, y] pairs, got {point!r}")
-                self.points.append((_check_finite("points[][0]", point[0]), _check_finite("points[][1]", point[1])))
-            if not self.points:
-                raise ValueError("points=[] is invalid: expected at least one [x, y] pair")
-            self._check_increasing("points", [x for x, _ in self.points])
-
-    @staticmethod
-    def _sequence(name: str, items: Any) -> list[Any]:
-        if not isinstance(items, (list, tuple)):
-            raise ValueError(f"{name}={items!r} is invalid: expected a list")
-        return list(items)
-
-    @staticmethod
-    def _check_increasing(name: str, xs: list[float]) -> None:
-        if any(b <= a for a, b in itertools.pairwise(xs)):
-            raise ValueError(f"{name}={xs!r} is invalid: the x values must be strictly increasing")
-
-    @classmethod
-    def from_spec(cls, name: str, spec: ParameterSchedule | Mapping[str, Any] | Callable[[float], float]) -> Any:
-        """
-        A schedule from a :class:`ParameterSchedule`, a dict of its keywords, or an SB3-style
-        callable of the progress remaining (returned as is).
-
-        :param name: The scheduled attribute, for error messages
-        :param spec: The schedule's description
-        :return: A :class:`ParameterSchedule` or the callable
-        """
-        if isinstance(spec, ParameterSchedule) or (callable(spec) and not isinstance(spec, Mapping)):
-            return spec
-        if not isinstance(spec, Mapping):
-            raise ValueError(
-                f"schedules[{name!r}]={spec!r} is invalid: expected a dict such as {{kind: linear, start: .., end: ..}}"
-            )
-        if "kind" not in spec:
-            raise ValueError(f"schedules[{name!r}]={dict(spec)!r} is invalid: it needs a 'kind' in {SCHEDULE_KINDS}")
-        try:
-            return cls(**spec)
-        except TypeError as error:
-            raise ValueError(f"schedules[{name!r}]={dict(spec)!r} is invalid: {error}") from None
-        except ValueError as error:
-            raise ValueError(f"schedules[{name!r}]: {error}") from None
-
-    def __call__(self, x: float) -> float:
-        """
-        :param x: Fraction of training done (``by="progress"``) or timesteps (``by="timesteps"``)
-        :return: The scheduled value
-        """
-        if self.kind == "constant":
-            return float(self.value)  # type: ignore[arg-type]
-        if self.kind == "step":
-            return self.values[int(np.searchsorted(self.boundaries, x, side="right"))]
-        if self.kind == "piecewise":
-            xs = [x for x, _ in self.points]
-            ys = [y for _, y in self.points]
-            return float(np.interp(x, xs, ys))
-        assert self.start is not None and self.end is not None and self.finish is not None
-        t = min(max((x - self.begin) / (self.finish - self.begin), 0.0), 1.0)
-        if self.kind == "linear":
-            return self.start + (self.end - self.start) * t
-        return self.end + (self.start - self.end) * 0.5 * (1.0 + math.cos(math.pi * t))
-
-    def __repr__(self) -> str:
-        fields = {key: value for key, value in vars(self).items() if value not in (None, [])}
-        return "ParameterSchedule(" + ", ".join(f"{key}={value!r}" for key, value in fields.items()) + ")"
+def _scheduled_value_problem(name: str, value: float) -> str | None:
+    """What a schedule may not set ``name`` to (``"expected ..."``), or None when ``value`` is allowed."""
+    low, strict, high = SCHEDULED_RANGES.get(name, (None, True, None))
+    integer = name in INTEGER_ATTRIBUTES
+    applied = round(value) if integer and math.isfinite(value) else value
+    try:
+        check_real(name, applied, low, high, strict)
+    except InvalidSettingError as error:
+        return str(error).split(" is invalid: ", 1)[-1] + (" (after rounding: it is an int)" if integer else "")
+    return None
 
 
 class ParameterScheduler(BaseCallback):
@@ -408,6 +276,14 @@ class ParameterScheduler(BaseCallback):
             if not isinstance(name, str) or not name.isidentifier():
                 raise ValueError(f"schedules={dict(schedules)!r} is invalid: {name!r} is not an attribute name")
         self.schedules = {name: ParameterSchedule.from_spec(name, spec) for name, spec in schedules.items()}
+        for name, schedule in self.schedules.items():
+            if isinstance(schedule, ParameterSchedule):
+                for extreme in schedule.extremes():
+                    problem = _scheduled_value_problem(name, extreme)
+                    if problem is not None:
+                        raise InvalidSettingError(
+                            f"schedules[{name!r}]={schedule!r} is invalid: it would set {name}={extreme!r}; {name}: {problem}"
+                        )
         self.current_values: dict[str, float] = {}
 
     def _init_callback(self) -> None:
@@ -443,6 +319,12 @@ class ParameterScheduler(BaseCallback):
     def _apply(self) -> None:
         for name in self.schedules:
             value = self.value(name)
+            problem = _scheduled_value_problem(name, value)
+            if problem is not None:  # a callable schedule, which cannot be checked in advance
+                raise InvalidSettingError(
+                    f"ParameterScheduler: schedules[{name!r}] gives {name}={value!r} at {self.model.num_timesteps} steps; "
+                    f"{name}: {problem}"
+                )
             if name == "learning_rate":
                 self.model.learning_rate = value
                 self.model.lr_schedule = FloatSchedule(value)
@@ -470,6 +352,8 @@ class ParameterScheduler(BaseCallback):
         return True
 
 
+# Model attributes an update adapts (PPOExt's beta, KLAdaptiveLR's rate): restored with the weights by a stop.
+ADAPTED_ATTRIBUTES = ("current_kl_coef", "learning_rate", "lr_schedule")
 HEALTH_CONDITIONS = ("non_finite", "kl", "entropy", "clip_fraction", "value_loss")
 HEALTH_RESPONSES = ("log", "warn", "stop")
 DEFAULT_RESPONSES = {"non_finite": "stop", "kl": "warn", "entropy": "warn", "clip_fraction": "warn", "value_loss": "warn"}
@@ -486,8 +370,10 @@ class TrainingHealthGuard(_AfterUpdateCallback):
     Conditions (keys of ``responses``):
 
     - ``non_finite``: a NaN/inf in the env's observations (terminal ones included) or rewards or
-      in the value predictions, checked at every step so that training stops before ``train()``
-      sees it; a non-finite parameter or ``train/loss`` / ``train/value_loss`` after an update;
+      in the value predictions, or rewards / value predictions so large that the update's float32
+      losses would overflow to inf (squared returns over a minibatch above float32's maximum, e.g.
+      a reward of 1e30), checked at every step so that training stops before ``train()`` sees it;
+      a non-finite parameter or ``train/loss`` / ``train/value_loss`` after an update;
     - ``kl``: the update's KL (``train/kl``, else ``train/approx_kl``) ``>= kl_limit * target``,
       the target being ``kl_target`` or else the model's ``target_kl`` or PPOExt's ``kl_target``
       (the check is off when there is none);
@@ -498,8 +384,10 @@ class TrainingHealthGuard(_AfterUpdateCallback):
 
     Responses: ``log`` records ``health/<condition>`` (the offending value) and a logger info line;
     ``warn`` also warns a :class:`TrainingHealthWarning`; ``stop`` also restores the policy, the
-    optimizer and any ``VecNormalize`` statistics to the last good state (kept in memory after
-    every update whose parameters are finite, and at the start of training), saves the model to
+    optimizer, any ``VecNormalize`` statistics and the adapted values (PPOExt's beta
+    ``current_kl_coef``, ``learning_rate`` / ``lr_schedule``) to the last good state (kept in
+    memory after every update whose parameters are finite, and at the start of training), so that
+    nothing the bad update produced is kept; it then saves the model to
     ``<save_path>/<name_prefix>_<timesteps>_steps.zip`` (:attr:`checkpoint_path`) and the
     ``VecNormalize`` statistics next to it (:attr:`vec_normalize_path`), and stops ``learn``.
     Checks done after an update stop at the first step of the next rollout.
@@ -589,6 +477,9 @@ class TrainingHealthGuard(_AfterUpdateCallback):
             "policy": copy.deepcopy(policy.state_dict()),
             "optimizer": copy.deepcopy(policy.optimizer.state_dict()),
             "vec_normalize": None if vec_normalize is None else copy.deepcopy((vec_normalize.obs_rms, vec_normalize.ret_rms)),
+            "attributes": {
+                name: copy.deepcopy(getattr(self.model, name)) for name in ADAPTED_ATTRIBUTES if hasattr(self.model, name)
+            },
         }
 
     def _restore_good_state(self) -> None:
@@ -599,6 +490,8 @@ class TrainingHealthGuard(_AfterUpdateCallback):
         vec_normalize = self.model.get_vec_normalize_env()
         if vec_normalize is not None and self._last_good["vec_normalize"] is not None:
             vec_normalize.obs_rms, vec_normalize.ret_rms = copy.deepcopy(self._last_good["vec_normalize"])
+        for name, value in self._last_good["attributes"].items():
+            setattr(self.model, name, copy.deepcopy(value))
 
     def _trigger(self, condition: str, value: float, message: str) -> None:
         response = self.responses[condition]
@@ -650,7 +543,36 @@ class TrainingHealthGuard(_AfterUpdateCallback):
         else:
             if not all(_all_finite(obs) for obs in terminal):
                 self._trigger("non_finite", float("nan"), "non-finite terminal observation")
+        if not self._stop_pending:
+            overflow = self._overflow()
+            if overflow is not None:
+                self._trigger("non_finite", *overflow)
         return not self._stop_pending
+
+    def _overflow(self) -> tuple[float, str] | None:
+        """
+        Finite rewards or value predictions large enough to overflow the update's float32 losses.
+
+        A return is at most ``max|reward| * horizon + max|value|`` (``horizon``: ``n_steps``, or
+        ``1 / (1 - gamma)`` when shorter); the value loss and the advantage normalisation sum
+        squares of such numbers over a minibatch, which overflow once that bound squared, times
+        the minibatch size, exceeds float32's maximum.
+        """
+        rewards = np.abs(np.asarray(self.locals.get("rewards", 0.0), dtype=np.float64))
+        values = self.locals.get("values")
+        reward = float(rewards.max()) if rewards.size else 0.0
+        value = float(th.abs(values).max()) if isinstance(values, th.Tensor) and values.numel() else 0.0
+        gamma = float(getattr(self.model, "gamma", 0.99))
+        n_steps = int(getattr(self.model, "n_steps", 1))
+        horizon = n_steps if gamma >= 1.0 else min(n_steps, 1.0 / (1.0 - gamma))
+        bound = reward * horizon + value
+        samples = int(getattr(self.model, "batch_size", None) or n_steps * self.model.n_envs)
+        if bound * bound * samples <= FLOAT32_MAX:
+            return None
+        return bound, (
+            f"rewards up to {reward:.3g} and value predictions up to {value:.3g} overflow the update: returns of up to "
+            f"{bound:.3g}, squared over a {samples}-sample minibatch, exceed float32's maximum {FLOAT32_MAX:.3g}"
+        )
 
     def _on_update_end(self) -> None:
         values = self.logger.name_to_value

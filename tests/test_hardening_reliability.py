@@ -80,7 +80,9 @@ def test_nan_reward_never_poisons_a_checkpoint_and_resume_continues(tmp_path: Pa
     env = VecNormalize(DummyVecEnv([lambda: NanRewardEnv(at=70)]))
     model = PPOExt("MlpPolicy", env, **TINY)
     callback = AtomicCheckpointCallback(save_freq=32, save_path=str(tmp_path))
-    with pytest.warns(CheckpointWarning, match=r"checkpoint at 96 steps not written: non-finite VecNormalize statistics \(ret_rms"):
+    with pytest.warns(
+        CheckpointWarning, match=r"checkpoint at 96 steps not written: non-finite VecNormalize statistics \(ret_rms"
+    ):
         with pytest.raises(NonFiniteLossError):
             model.learn(160, callback=callback)
     assert [c.timesteps for c in list_checkpoints(tmp_path)] == [32, 64]
@@ -142,7 +144,9 @@ def test_resume_skips_a_broken_newest_checkpoint(run_folder: Path, tmp_path: Pat
     folder = Path(shutil.copytree(run_folder, tmp_path / "run"))
     breakage_of, reason = BREAKAGES[breakage]
     breakage_of(folder)
-    with pytest.warns(CheckpointWarning, match=rf"skipped checkpoint .*{re.escape(NEWEST_ZIP)} \(.*{reason}.*trying the previous"):
+    with pytest.warns(
+        CheckpointWarning, match=rf"skipped checkpoint .*{re.escape(NEWEST_ZIP)} \(.*{reason}.*trying the previous"
+    ):
         model = resume(PPOExt, folder, _pendulum(), device="cpu")
     assert model.num_timesteps == 64
     stats = model.get_vec_normalize_env()
@@ -155,7 +159,10 @@ def test_resume_with_no_usable_checkpoint_lists_each_reason(run_folder: Path, tm
     folder = Path(shutil.copytree(run_folder, tmp_path / "run"))
     for pkl in folder.glob("*.pkl"):
         pkl.write_bytes(b"")
-    with pytest.warns(CheckpointWarning), pytest.raises(ModelFileError, match=r"no usable checkpoint .*rl_model_96_steps.zip: .*rl_model_32_steps.zip: "):
+    with (
+        pytest.warns(CheckpointWarning),
+        pytest.raises(ModelFileError, match=r"no usable checkpoint .*rl_model_96_steps.zip: .*rl_model_32_steps.zip: "),
+    ):
         resume(PPOExt, folder, _pendulum(), device="cpu")
 
 
@@ -186,6 +193,7 @@ def test_resume_of_another_algorithms_run_raises_at_once(tmp_path: Path):
 @pytest.fixture(scope="module")
 def model_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("models")
+
     def small() -> dict:  # a fresh policy_kwargs each: SB3 algorithms add to it
         return dict(policy_kwargs=dict(net_arch=[8]), device="cpu")
 
@@ -238,7 +246,9 @@ def test_model_family_of_real_files(model_files: dict[str, Path]):
     ],
 )
 def test_sb3_contrib_ppo_files_do_not_load_into_ppo_ext(model_files: dict[str, Path], saved_by: str, message: str):
-    with pytest.raises(ForeignModelFileError, match=rf"{message}, not by the PPO family that PPOExt loads.*sb3_contrib\.{saved_by}"):
+    with pytest.raises(
+        ForeignModelFileError, match=rf"{message}, not by the PPO family that PPOExt loads.*sb3_contrib\.{saved_by}"
+    ):
         PPOExt.load(model_files[saved_by], device="cpu")
 
 
@@ -256,19 +266,21 @@ def test_file_objects_are_checked_too(model_files: dict[str, Path]):
 
 
 def test_truncated_files_are_reported_as_truncated(model_files: dict[str, Path], tmp_path: Path):
-    """Cut anywhere (zipfile alone takes most cuts for a zip of one embedded .pth archive), the file is 'truncated or corrupt'."""
+    """Cut anywhere (zipfile alone reads most cuts as an embedded .pth archive), the file is "truncated or corrupt"."""
     data = model_files["PPOExt"].read_bytes()
     broken = tmp_path / "cut.zip"
     for size in range(1, len(data), 61):
         broken.write_bytes(data[:size])
-        with pytest.raises(ModelFileError, match=rf"cut\.zip is truncated or corrupt: it starts as a zip archive"):
+        with pytest.raises(ModelFileError, match=r"cut\.zip is truncated or corrupt: it starts as a zip archive"):
             check_model_file(broken, "PPOExt", {"PPO"})
 
 
 def test_a_file_that_is_not_a_zip_keeps_sb3s_words(tmp_path: Path):
     text = tmp_path / "notes.zip"
     text.write_text("not a model\n")
-    with pytest.raises(ModelFileError, match=rf"is not a valid zip archive: the file {re.escape(str(text))} wasn't a zip-file"):
+    with pytest.raises(
+        ModelFileError, match=rf"is not a valid zip archive: the file {re.escape(str(text))} wasn't a zip-file"
+    ):
         PPOExt.load(text, device="cpu")
 
 
@@ -327,7 +339,7 @@ def test_two_threads_saving_to_one_path_never_mix(tmp_path: Path):
                 with atomic_path(path) as file:
                     for start in range(0, len(content), 100_000):
                         file.write(content[start : start + 100_000])
-        except BaseException as error:  # noqa: BLE001 - reported below
+        except BaseException as error:
             errors.append(error)
 
     threads = [threading.Thread(target=writer, args=(content,)) for content in contents]
@@ -357,3 +369,117 @@ def test_stale_temporary_files_of_dead_processes_are_removed_on_the_next_save(tm
     assert not dead.exists()
     assert all(file.exists() for file in (alive, other_host, *unrelated))
     assert remove_stale_temporary_files(tmp_path) == []
+
+
+# --- 9. literal prefixes, scheduler ranges, overflow in the health guard, the hook switch -------
+
+
+def test_name_prefix_with_glob_characters_works_with_keep_last_and_resume(tmp_path: Path):
+    (tmp_path / "run1_999_steps.zip").write_bytes(b"another run's file, which the glob run[1]_* would match")
+    model = PPOExt("MlpPolicy", _pendulum(), **TINY)
+    callback = AtomicCheckpointCallback(save_freq=32, save_path=str(tmp_path), name_prefix="run[1]", keep_last=2)
+    model.learn(128, callback=callback)
+    assert [c.timesteps for c in list_checkpoints(tmp_path, "run[1]")] == [96, 128]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run1_999_steps.zip", "run[1]_128_steps.zip", "run[1]_96_steps.zip"]
+    assert resume(PPOExt, tmp_path, _pendulum(), name_prefix="run[1]", device="cpu").num_timesteps == 128
+
+
+@pytest.mark.parametrize(
+    "name, schedule, message",
+    [
+        ("clip_range", {"kind": "linear", "start": 0.2, "end": -0.1}, r"clip_range=-0\.1; clip_range: expected .* > 0"),
+        ("learning_rate", {"kind": "step", "values": [3e-4, 0.0], "boundaries": [0.5]}, r"learning_rate=0\.0; .* > 0"),
+        ("n_epochs", {"kind": "linear", "start": 10, "end": 0.4}, r"n_epochs=0\.4; .*>= 1 \(after rounding"),
+        ("kl_target", {"kind": "piecewise", "points": [[0.0, 0.01], [1.0, -0.01]]}, r"kl_target=-0\.01"),
+        ("gamma", {"kind": "constant", "value": 1.5}, r"gamma=1\.5; .*<= 1"),
+    ],
+)
+def test_parameter_scheduler_rejects_a_schedule_that_leaves_the_range(name: str, schedule: dict, message: str):
+    from sb3_ppo_ext.callbacks import ParameterScheduler
+
+    with pytest.raises(ValueError, match=rf"schedules\['{name}'\]=ParameterSchedule\(.*\) is invalid: it would set {message}"):
+        ParameterScheduler({name: schedule})
+    ParameterScheduler({"ent_coef": {"kind": "linear", "start": 0.01, "end": -0.01}})  # unbounded attributes pass
+
+
+def test_parameter_scheduler_checks_a_callable_schedule_when_it_applies_it():
+    from sb3_ppo_ext.callbacks import ParameterScheduler
+
+    model = PPOExt("MlpPolicy", _pendulum(), **TINY)
+    scheduler = ParameterScheduler({"clip_range": lambda progress_remaining: 0.2 if progress_remaining > 0.5 else -0.1})
+    with pytest.raises(
+        ValueError, match=r"schedules\['clip_range'\] gives clip_range=-0\.1 at 64 steps; clip_range: expected"
+    ):
+        model.learn(96, callback=scheduler)
+
+
+def test_parameter_schedule_lives_in_its_own_module():
+    from sb3_ppo_ext import callbacks, schedules
+
+    assert callbacks.ParameterSchedule is schedules.ParameterSchedule
+    assert schedules.ParameterSchedule("linear", start=1.0, end=3.0).extremes() == (1.0, 3.0)
+    probe = "import sys, sb3_ppo_ext.schedules; print(sorted(m for m in sys.modules if m.startswith('sb3_ppo_ext.')))"
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert "sb3_ppo_ext.callbacks" not in loaded  # imports stay one-way: schedules -> validation
+
+
+class HugeRewardEnv(NanRewardEnv):
+    """Rewards of 1e30 from step ``at`` on: finite, but their squares overflow float32."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, (1e30 if self.t >= self.at else reward), terminated, truncated, info
+
+
+@pytest.mark.parametrize("algorithm", [PPOExt, PPO])
+def test_health_guard_stops_before_overflowing_rewards_reach_an_update(tmp_path: Path, algorithm):
+    from sb3_ppo_ext.callbacks import TrainingHealthGuard, TrainingHealthWarning
+
+    model = algorithm("MlpPolicy", DummyVecEnv([lambda: HugeRewardEnv(at=10**9)]), **TINY)
+    model.learn(64)
+    good = [p.detach().clone() for p in model.policy.parameters()]
+    model.set_env(DummyVecEnv([lambda: HugeRewardEnv(at=6)]))
+    guard = TrainingHealthGuard(save_path=str(tmp_path))
+    with pytest.warns(TrainingHealthWarning, match=r"rewards up to 1e\+30 .* overflow the update"):
+        model.learn(128, callback=guard, reset_num_timesteps=False)
+    assert guard.stopped_by == "non_finite" and model.num_timesteps == 70
+    saved = algorithm.load(guard.checkpoint_path, device="cpu")
+    assert all(th.equal(p, q) for p, q in zip(saved.policy.parameters(), good, strict=True))
+
+
+def test_health_guard_stop_keeps_the_beta_from_before_the_bad_update(tmp_path: Path):
+    from sb3_ppo_ext.callbacks import TrainingHealthGuard, TrainingHealthWarning
+
+    reference = PPOExt("MlpPolicy", _pendulum(), kl_coef=1.0, kl_target=1e-9, **TINY)
+    reference.learn(32)
+    assert reference.current_kl_coef != 1.0  # one update adapts beta
+    model = PPOExt("MlpPolicy", _pendulum(), kl_coef=1.0, kl_target=1e-9, **TINY)
+    guard = TrainingHealthGuard(responses={"kl": "stop"}, kl_target=1e-9, kl_limit=1.0, save_path=str(tmp_path))
+    with pytest.warns(TrainingHealthWarning, match="train/kl"):
+        model.learn(128, callback=guard)
+    assert guard.stopped_by == "kl" and model.current_kl_coef == 1.0
+    assert PPOExt.load(guard.checkpoint_path, device="cpu").current_kl_coef == 1.0
+
+
+@pytest.mark.parametrize(
+    "value, on",
+    [
+        *[(value, True) for value in ("", "0", "false", "False", "no", "off")],
+        *[(value, False) for value in ("1", "true", " Yes ", "ON")],
+    ],
+)
+def test_zoo_hook_switch_takes_only_true_values(monkeypatch: pytest.MonkeyPatch, value: str, on: bool):
+    """SB3_PPO_EXT_NO_ZOO_HOOK=false leaves the hook on, in the module and in the .pth line alike."""
+    import types
+
+    import sb3_ppo_ext_zoo_hook as hook
+
+    monkeypatch.setenv(hook.DISABLE_ENV_VAR, value)
+    assert hook.enabled() is on
+    calls = []
+    fake = types.ModuleType("sb3_ppo_ext_zoo_hook")
+    fake.install = lambda: calls.append("install")
+    monkeypatch.setitem(sys.modules, "sb3_ppo_ext_zoo_hook", fake)
+    line = (Path(__file__).resolve().parent.parent / "sb3_ppo_ext_zoo_hook.pth").read_text().strip()
+    exec(line, {})  # what site.addpackage does with a .pth line that starts with "import"
+    assert calls == (["install"] if on else [])
