@@ -1,0 +1,44 @@
+"""Optuna storage lives in sb3_ppo_ext.storage; one PostgreSQL driver, the one SQLAlchemy uses."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from sb3_ppo_ext import samplers, storage
+
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+
+
+def _dependencies() -> dict[str, Requirement]:
+    requirements = [Requirement(text) for text in tomllib.loads(PYPROJECT.read_text())["project"]["dependencies"]]
+    return {requirement.name.lower(): requirement for requirement in requirements}
+
+
+def test_one_postgresql_driver_the_one_sqlalchemy_uses():
+    import sqlalchemy
+    from sqlalchemy.engine import make_url
+
+    dependencies = _dependencies()
+    drivers = {name for name in dependencies if re.fullmatch(r"psycopg2?(-binary)?", name)}
+    assert drivers == {"psycopg"}, drivers
+    # SQLAlchemy >= 2.1 maps postgresql:// to psycopg 3: the declared floor guarantees the mapping.
+    assert not dependencies["sqlalchemy"].specifier.contains("2.0.40")
+    assert dependencies["sqlalchemy"].specifier.contains(sqlalchemy.__version__)
+    assert Version(sqlalchemy.__version__) >= Version("2.1")
+    assert make_url("postgresql://user@host/db").get_dialect().driver == "psycopg"
+
+
+def test_storage_module_owns_storage_and_samplers_re_exports_it():
+    for name in ("make_storage", "StorageError", "HEARTBEAT_INTERVAL", "MAX_RETRY"):
+        assert getattr(samplers, name) is getattr(storage, name)
+    assert not hasattr(samplers, "_open_rdb_storage")
+    code = "import sys, sb3_ppo_ext.storage, sb3_ppo_ext.settings; print('optuna' in sys.modules, 'rl_zoo3' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["False", "False"]
