@@ -79,7 +79,9 @@ def non_finite_entries(value: Any, name: str = "") -> list[str]:
     :return: e.g. ``["policy.mlp_extractor.policy_net.0.weight"]``; empty when all is finite
     """
     if isinstance(value, Mapping):
-        return [entry for key, item in value.items() for entry in non_finite_entries(item, f"{name}.{key}" if name else str(key))]
+        return [
+            entry for key, item in value.items() for entry in non_finite_entries(item, f"{name}.{key}" if name else str(key))
+        ]
     if isinstance(value, (list, tuple)):
         return [entry for index, item in enumerate(value) for entry in non_finite_entries(item, f"{name}[{index}]")]
     if isinstance(value, th.Tensor):
@@ -180,7 +182,7 @@ def _fsync_directory(directory: Path) -> None:
 
 
 def _open_temporary(temporary: Path, like: os.stat_result | None) -> io.BufferedWriter:
-    """Create ``temporary`` for writing with the mode ``open()`` would give the target: the existing file's, else the umask's."""
+    """Create ``temporary`` for writing, with the mode ``open()`` gives the target (the existing one, else the umask's)."""
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
         if like is not None and hasattr(os, "fchmod"):
@@ -451,7 +453,11 @@ def _open_checkpoint(
     except AssertionError:  # set_venv: the env's observation space is not the saved one (the caller's env)
         raise
     except Exception as error:  # truncated or damaged pickle
-        return f"its VecNormalize statistics {checkpoint.vec_normalize_path.name} cannot be read ({type(error).__name__}: {error})", env
+        return (
+            f"its VecNormalize statistics {checkpoint.vec_normalize_path.name} cannot be read "
+            f"({type(error).__name__}: {error})",
+            env,
+        )
     statistics = vec_normalize_problems(vec_normalize)
     if statistics:
         return f"non-finite VecNormalize statistics ({_listed(statistics)}) in {checkpoint.vec_normalize_path.name}", env
@@ -611,7 +617,9 @@ def _read_model_data(stream: IO[bytes], label: str, algorithm: str) -> dict[str,
             own_directory = stream.read(4) == _END_OF_CENTRAL_DIRECTORY
             first_offset = min((info.header_offset for info in archive.infolist()), default=0)
             if starts_as_zip and (not own_directory or first_offset != 0):
-                raise ModelFileError(truncated + f" (the only directory found is that of a member archive at byte {first_offset})")
+                raise ModelFileError(
+                    truncated + f" (the only directory found is that of a member archive at byte {first_offset})"
+                )
             broken = archive.testzip()
             if broken is not None:
                 raise ModelFileError(f"{algorithm}.load: model file {label} is corrupt: member {broken!r} fails its CRC check")
@@ -631,7 +639,9 @@ def _read_model_data(stream: IO[bytes], label: str, algorithm: str) -> dict[str,
             f"({error}); not a model file, or one damaged from its start"
         ) from None
     except (EOFError, OSError, zipfile.LargeZipFile) as error:
-        raise ModelFileError(f"{algorithm}.load: model file {label} cannot be read ({type(error).__name__}: {error})") from None
+        raise ModelFileError(
+            f"{algorithm}.load: model file {label} cannot be read ({type(error).__name__}: {error})"
+        ) from None
     try:
         data = json.loads(raw)
     except ValueError as error:

@@ -205,7 +205,8 @@ def test_model_of_another_algorithm_is_a_clear_error(tmp_path: Path, algorithm, 
     extra = {"buffer_size": 64} if algorithm is SAC else {}
     path = tmp_path / "other.zip"
     algorithm("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(net_arch=[8]), device="cpu", **extra).save(path)
-    with pytest.raises(ModelFileError, match=rf"{re.escape(str(path))} was saved by {saved_by}.*not by the PPO family that PPOExt loads"):
+    expected = rf"{re.escape(str(path))} was saved by {saved_by}.*not by the PPO family that PPOExt loads"
+    with pytest.raises(ModelFileError, match=expected):
         PPOExt.load(path, device="cpu")
 
 
