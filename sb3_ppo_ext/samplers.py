@@ -44,9 +44,9 @@ import math
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from sb3_ppo_ext.settings import ACTIVATIONS, SCHEDULE_KEYS, activation_class, to_algorithm_kwargs
+from sb3_ppo_ext.settings import ACTIVATIONS, SCHEDULE_KEYS, activation_class, algorithm_defaults, to_algorithm_kwargs
 from sb3_ppo_ext.storage import HEARTBEAT_INTERVAL, MAX_RETRY, StorageError, make_storage
-from sb3_ppo_ext.validation import check_choice, is_int
+from sb3_ppo_ext.validation import check_bool, check_choice, is_int
 
 if TYPE_CHECKING:
     import optuna
@@ -202,12 +202,12 @@ def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dic
     :return: trial parameters; replaying them with :func:`convert_zoo_params` gives the entry's values
     :raises ValueError: a value outside the search space (names the key, the value and what is allowed)
     """
-    defaults = {"n_steps": 2048, "batch_size": 64, "n_epochs": 10, "gamma": 0.99, "gae_lambda": 0.95}
-    get = {**defaults, **entry}.get
-    learning_rate = get("learning_rate", 3e-4)
+    # PPOExt's own defaults, from its signature (the settings owner reads them there).
+    get = {**algorithm_defaults(), **entry}.get
+    learning_rate = get("learning_rate")
     linear = isinstance(learning_rate, str) and learning_rate.startswith("lin_")
-    clip_range = get("clip_range", 0.2)
-    kl_coef = float(get("kl_coef", 0.0))
+    clip_range = get("clip_range")
+    kl_coef = float(get("kl_coef"))
     if clip_range is not None and not isinstance(clip_range, (int, float)):
         raise ValueError(f"clip_range={clip_range!r}: the search space has constant clip ranges only")
     params: dict[str, Any] = {
@@ -219,8 +219,8 @@ def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dic
         "n_epochs": check_choice("n_epochs", get("n_epochs"), N_EPOCHS),
         "learning_rate": float(learning_rate[len("lin_") :]) if linear else float(learning_rate),
         "lr_schedule": "linear" if linear else "constant",
-        "max_grad_norm": float(get("max_grad_norm", 0.5)),
-        "ent_coef": max(float(get("ent_coef", 0.0)), 1e-8),
+        "max_grad_norm": float(get("max_grad_norm")),
+        "ent_coef": max(float(get("ent_coef")), 1e-8),
         "target_kl": check_choice("target_kl", get("target_kl"), TARGET_KLS),
         "objective": "+".join(name for name, on in (("clip", clip_range is not None), ("kl", kl_coef > 0)) if on),
     }
@@ -234,7 +234,7 @@ def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dic
         if params["kl_adaptive"]:
             params["kl_target"] = float(get("kl_target"))
     clip_range_vf = get("clip_range_vf")
-    params["vf_clip"] = "none" if clip_range_vf is None else get("vf_clip_mode", "clipped")
+    params["vf_clip"] = "none" if clip_range_vf is None else get("vf_clip_mode")
     if clip_range_vf is not None:
         params["clip_range_vf"] = check_choice("clip_range_vf", clip_range_vf, CLIP_RANGES_VF)
     policy_kwargs = dict(get("policy_kwargs") or {})
@@ -245,15 +245,16 @@ def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dic
     activation = activation_class(policy_kwargs.get("activation_fn", "tanh"))
     params["net_arch"] = names[0]
     params["activation_fn"] = check_choice("activation_fn", activation.__name__.lower(), ["tanh", "relu"])
-    params["ortho_init"] = bool(policy_kwargs.get("ortho_init", True))
+    params["ortho_init"] = check_bool("policy_kwargs.ortho_init", policy_kwargs.get("ortho_init", True))
     if not continuous:
         return params
-    params["squash"] = bool(policy_kwargs.get("squash_output", True))
-    if get("use_sde", False):
+    params["squash"] = check_bool("policy_kwargs.squash_output", policy_kwargs.get("squash_output", True), allow_none=True) is not False
+    if check_bool("use_sde", get("use_sde")):
         params["exploration"] = "gsde"
-        params["sde_sample_freq"] = check_choice("sde_sample_freq", get("sde_sample_freq", -1), SDE_SAMPLE_FREQS)
+        params["sde_sample_freq"] = check_choice("sde_sample_freq", get("sde_sample_freq"), SDE_SAMPLE_FREQS)
     else:
-        params["exploration"] = "state_dependent_std" if policy_kwargs.get("state_dependent_std") else "gaussian"
+        state_dependent = check_bool("policy_kwargs.state_dependent_std", policy_kwargs.get("state_dependent_std", False))
+        params["exploration"] = "state_dependent_std" if state_dependent else "gaussian"
     params["log_std_init"] = float(policy_kwargs.get("log_std_init", 0.0))
     if params["squash"]:
         params["entropy_estimator"] = policy_kwargs.get("entropy_estimator") or "mc"

@@ -291,6 +291,9 @@ def test_params_from_entry_covers_penalty_and_value_clip():
         ({"gamma": 0.5}, "one_minus_gamma=0.5 is outside"),
         ({"clip_range": None}, "no policy objective"),
         ({"policy_kwargs": {"net_arch": [32]}}, "net_arch=[32]"),
+        ({"policy_kwargs": {"squash_output": "false"}}, "policy_kwargs.squash_output='false' is invalid"),
+        ({"policy_kwargs": {"state_dependent_std": "false"}}, "policy_kwargs.state_dependent_std='false' is invalid"),
+        ({"use_sde": "false"}, "use_sde='false' is invalid"),
     ],
 )
 def test_params_from_entry_rejects_values_outside_the_space(entry, message):
