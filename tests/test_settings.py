@@ -30,7 +30,7 @@ ENTRY_ERRORS = [
     ({"gamma": 1.5}, r"gamma=1.5 is invalid"),
     ({"kl_coef": 1.0, "kl_target": float("inf")}, r"kl_target=inf is invalid"),
     ({"kl_target": 0.01}, r"kl_target=0.01 needs kl_coef > 0"),
-    ({"n_steps": 1}, r"n_steps \* n_envs = 1 is invalid with normalize_advantage"),
+    ({"n_steps": 1, "n_envs": 1}, r"n_steps \* n_envs = 1 is invalid with normalize_advantage"),
     ({"normalize_advantage": "false"}, r"a string is not a boolean"),
     ({"policy_kwargs": {"net_archh": [64]}}, r"unknown key 'net_archh' in policy_kwargs of \w+ \(did you mean 'net_arch'\?\)"),
     ({"policy_kwargs": {"squash_output": "false"}}, r"policy_kwargs.squash_output='false' is invalid"),

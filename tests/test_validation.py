@@ -166,3 +166,25 @@ def test_non_finite_bounds_with_the_squashed_head_are_an_error():
     with pytest.raises(ValueError, match="squash_output=True needs finite action bounds"):
         MlpPolicy(spaces.Box(-1.0, 1.0, (3,)), action_space, lambda _: 1e-3)
     MlpPolicy(spaces.Box(-1.0, 1.0, (3,)), action_space, lambda _: 1e-3, squash_output=False)
+
+
+def test_check_arguments_stays_callable_with_its_keyword_arguments():
+    """MaskablePPOExt / RecurrentPPOExt reuse ``PPOExt._check_arguments`` with these keyword arguments."""
+    arguments = dict(
+        clip_range=0.2,
+        clip_range_vf=None,
+        vf_clip_mode="clipped",
+        kl_coef=np.float32(1.0),
+        kl_target=0.01,
+        kl_adapt_factor=2.0,
+        kl_adapt_tolerance=1.5,
+        kl_coef_bounds=(1e-4, 1e4),
+        max_grad_norm=np.float32(0.5),
+        target_kl=None,
+    )
+    PPOExt._check_arguments(**arguments)
+    PPOExt._check_arguments(**arguments, check_schedules=False, n_epochs=np.int64(3), gamma=0.9)
+    with pytest.raises(InvalidSettingError, match="n_epochs=0"):
+        PPOExt._check_arguments(**arguments, n_epochs=0)
+    with pytest.raises(TypeError, match="unexpected arguments"):
+        PPOExt._check_arguments(**arguments, n_epoch=3)
