@@ -58,6 +58,9 @@ class AlgorithmSpec:
     :param hyperparams: default hyperparameter file (``--conf-file``); ``None``: rl-zoo3's own lookup
     :param sampler: ``"module:function"`` for ``HYPERPARAMS_SAMPLER`` (``-optimize``), or ``None``
     :param converter: ``"module:function"`` for ``HYPERPARAMS_CONVERTER`` (``--trial-id``), or ``None``
+    :param check_arguments: ``"module:callable"``, the algorithm's argument check, called with the
+        entry's values (over the class's defaults) for the names it takes; it raises
+        :class:`~sb3_ppo_ext.validation.InvalidSettingError`. Default: PPOExt's, which the PPO family shares.
     """
 
     name: str
@@ -65,6 +68,7 @@ class AlgorithmSpec:
     hyperparams: Path | None = None
     sampler: str | None = None
     converter: str | None = None
+    check_arguments: str | None = "sb3_ppo_ext.ppo_ext:PPOExt._check_arguments"
 
     def algorithm_class(self) -> type:
         """The algorithm class."""
@@ -72,9 +76,12 @@ class AlgorithmSpec:
 
 
 def import_object(path: str) -> Any:
-    """The object named ``"package.module:attribute"``."""
+    """The object named ``"package.module:attribute"`` (``attribute`` may be dotted: ``Class.method``)."""
     module, _, attribute = path.partition(":")
-    return getattr(importlib.import_module(module), attribute)
+    value = importlib.import_module(module)
+    for name in attribute.split("."):
+        value = getattr(value, name)
+    return value
 
 
 # This package's algorithms, by rl-zoo3 name. Registering another one (same settings checks, same
@@ -465,23 +472,29 @@ def entry_problems(entry: Any, algo: str = DEFAULT_ALGO, whole: bool = True) -> 
         elif problem := _algorithm_value_problem(key, value, parameters[key]):
             problems.append(problem)
     if whole and not problems:
-        problems += _whole_entry_problems(algorithm, parameters, entry)
+        problems += _whole_entry_problems(algorithm_spec(algo), parameters, entry)
     return problems
 
 
-def _whole_entry_problems(algorithm: type, parameters: dict[str, Any], entry: Mapping[str, Any]) -> list[str]:
+def _whole_entry_problems(spec: AlgorithmSpec, parameters: dict[str, Any], entry: Mapping[str, Any]) -> list[str]:
     """The algorithm's own argument check on the entry merged over the algorithm's defaults."""
     merged = {**parameters, **to_algorithm_kwargs({k: v for k, v in entry.items() if k in parameters})}
     n_envs = entry.get("n_envs")  # absent once rl-zoo3 has consumed it: PPO checks it then
     if n_envs is not None and merged.get("normalize_advantage") and merged.get("n_steps", 2) * n_envs <= 1:
         return [f"n_steps * n_envs = {merged['n_steps'] * n_envs} is invalid with normalize_advantage: expected > 1"]
-    check_arguments = getattr(algorithm, "_check_arguments", None)
-    if check_arguments is None:
+    if spec.check_arguments is None:
         return []
+    check_arguments = import_object(spec.check_arguments)
     signature = inspect.signature(check_arguments)
     names = {n for n, p in signature.parameters.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
     if any(p.kind == p.VAR_KEYWORD for p in signature.parameters.values()):
         names |= set(validation.PPO_ARGUMENT_CHECKS)
+    required = {n for n, p in signature.parameters.items() if p.default is p.empty and n in names}
+    if required - set(merged):
+        raise TypeError(
+            f"{spec.check_arguments} needs {sorted(required - set(merged))}, which {spec.algorithm} does not take: "
+            f"give AlgorithmSpec({spec.name!r}) another check_arguments (or None)"
+        )
     try:
         check_arguments(**{name: merged[name] for name in names if name in merged and name != "check_schedules"})
     except InvalidSettingError as error:

@@ -63,7 +63,8 @@ def test_errors_are_value_and_assertion_errors():
 def test_entry_that_is_not_a_mapping(tmp_path: Path):
     path = tmp_path / "bad.yml"
     path.write_text("Pendulum-v1: 5\n")
-    with pytest.raises(SettingsError, match=rf"{re.escape(str(path))} \(entry 'Pendulum-v1'\): expected a mapping of settings, got int 5"):
+    message = rf"{re.escape(str(path))} \(entry 'Pendulum-v1'\): expected a mapping of settings, got int 5"
+    with pytest.raises(SettingsError, match=message):
         load_hyperparams("Pendulum-v1", path)
 
 
@@ -104,21 +105,37 @@ def test_policy_parameters_follow_the_constructor_chain():
     assert set(policy_parameters(ActorCriticPolicy)) < set(names)
 
 
-def test_settings_are_parameterised_by_the_algorithm_class(monkeypatch: pytest.MonkeyPatch):
-    """Another algorithm registered in the table gets its own names, policy_kwargs and argument check."""
-    sb3_contrib = pytest.importorskip("sb3_contrib")
-    assert sb3_contrib
-    spec = settings.AlgorithmSpec("ppo_lstm_test", "sb3_contrib:RecurrentPPO")
+@pytest.mark.parametrize(
+    "path, policy, good_policy_kwargs",
+    [
+        (
+            "sb3_ppo_ext.recurrent:RecurrentPPOExt",
+            "MlpLstmPolicy",
+            {"lstm_hidden_size": 32, "n_lstm_layers": 1, "shared_lstm": False, "enable_critic_lstm": True, "lstm_kwargs": {}},
+        ),
+        ("sb3_ppo_ext.maskable:MaskablePPOExt", "MlpPolicy", {"net_arch": [64], "ortho_init": False}),
+    ],
+)
+def test_settings_are_parameterised_by_the_algorithm_class(monkeypatch: pytest.MonkeyPatch, path, policy, good_policy_kwargs):
+    """An algorithm added to the table gets its own names, its policy's policy_kwargs and the shared argument check."""
+    spec = settings.AlgorithmSpec("algo_under_test", path)
     monkeypatch.setitem(settings.ALGORITHMS, spec.name, spec)
-    entry = {"policy": "MlpLstmPolicy", "n_steps": 128, "policy_kwargs": {"lstm_hidden_size": 32, "enable_critic_lstm": True}}
-    assert entry_problems(entry, "ppo_lstm_test") == []
-    problems = entry_problems(
-        {"policy": "MlpLstmPolicy", "kl_coef": 1.0, "policy_kwargs": {"lstm_hiden_size": 32, "shared_lstm": "no"}},
-        "ppo_lstm_test",
+    entry = {"policy": policy, "n_steps": 128, "kl_coef": 1.0, "kl_target": 0.01, "policy_kwargs": good_policy_kwargs}
+    assert entry_problems(entry, spec.name) == []
+    policy_name = spec.algorithm_class().policy_aliases[policy].__name__
+    bad = {"policy": policy, "n_epochs": 0, "policy_kwargs": {"net_arc": [64], "ortho_init": "no"}}
+    assert entry_problems(bad, spec.name) == [
+        "n_epochs=0 is invalid: expected an int >= 1",
+        f"unknown key 'net_arc' in policy_kwargs of {policy_name} (did you mean 'net_arch'?)",
+        "policy_kwargs.ortho_init='no' is invalid: expected True or False, got str (a string is not a boolean: "
+        "write true/false without quotes)",
+    ]
+    assert entry_problems({"policy": policy, "kl_target": 0.01}, spec.name) == [
+        "kl_target=0.01 needs kl_coef > 0 (the initial beta); with kl_coef=0 the penalty is off"
+    ]
+    assert "unknown key 'lstm_hidden_siz'" in " ".join(
+        entry_problems({"policy": policy, "policy_kwargs": {"lstm_hidden_siz": 8}}, spec.name)
     )
-    assert "unknown key 'kl_coef'" in problems[0]
-    assert "unknown key 'lstm_hiden_size' in policy_kwargs of RecurrentActorCriticPolicy (did you mean 'lstm_hidden_size'?)" in problems
-    assert any("policy_kwargs.shared_lstm='no' is invalid" in p for p in problems)
 
 
 # --- the rl-zoo3 route: a subprocess of the development environment (the startup hook is installed) ----------
