@@ -14,8 +14,9 @@ What differs per algorithm is three named seams, each a method the algorithm ove
 - :meth:`ExtUpdateEngine._valid_samples`: which samples of a minibatch count (the unpadded steps
   of a recurrent minibatch; ``None``: all of them);
 - :meth:`ExtUpdateEngine._rollout_distributions`: the policy's action distributions on the whole
-  rollout, in the buffer's flattened (environment-major) row order: ``pi_old`` before the update
-  (for the analytic KL penalty), ``pi_new`` after it (for the update's KL, beta and diagnostics).
+  rollout, in the buffer's flattened (environment-major) row order: ``pi_new`` after the update
+  (for the update's KL, beta and diagnostics), and ``pi_old`` where it was not recorded during
+  collection (:class:`RolloutDistributions` keeps the distributions the policy sampled from).
 
 Which rollout rows a minibatch holds is read off the buffer itself: SB3's and sb3-contrib's
 buffers build every minibatch with ``_get_samples(batch_inds, ...)``, which the engine observes
@@ -38,10 +39,13 @@ from gymnasium import spaces
 from stable_baselines3.common.buffers import BaseBuffer
 from stable_baselines3.common.type_aliases import GymEnv, PyTorchObs
 from stable_baselines3.common.utils import explained_variance
+from torch.distributions import Normal
 
 from sb3_ppo_ext import losses
 from sb3_ppo_ext.distributions import (
     analytic_kl,
+    concat_distributions,
+    detach_distributions,
     index_distribution,
     indexed_analytic_kl,
     mean_std,
@@ -162,6 +166,71 @@ def flat_observations(buffer: BaseBuffer) -> PyTorchObs:
     return buffer.to_torch(flat_rollout(buffer, observations))
 
 
+class RolloutDistributions:
+    """
+    ``pi_old`` as the policy computed it while collecting the rollout, one entry per step.
+
+    While :meth:`recording` is open, a forward hook keeps the (detached) distribution of each
+    ``policy(obs)`` call, and the buffer's ``add`` files it under the step being added when the
+    ``log_prob`` it stores is the very tensor that forward returned (so a forward call of anyone
+    else in between, e.g. a callback's, is never mistaken for the rollout's). :meth:`distributions`
+    assembles them in the buffer's flattened row order, or returns ``None`` when a step is missing
+    (a policy without SB3's ``action_dist``, a rollout collected otherwise): the engine then
+    recomputes ``pi_old`` with a forward pass over the rollout.
+    """
+
+    def __init__(self) -> None:
+        self._steps: dict[int, list[th.distributions.Distribution]] = {}
+        self._last: tuple[th.Tensor, list[th.distributions.Distribution]] | None = None
+
+    @contextlib.contextmanager
+    def recording(self, policy: th.nn.Module, buffer: BaseBuffer) -> Iterator[None]:
+        """Record the distributions of one rollout's collection."""
+        self._steps, self._last = {}, None
+
+        def after_forward(module: th.nn.Module, args: Any, output: Any) -> None:
+            try:
+                dists = detach_distributions(torch_distributions(module.action_dist))  # type: ignore[arg-type]
+            except (AttributeError, NotImplementedError):
+                self._last = None
+                return
+            self._last = (output[2], dists)
+
+        original_add = buffer.add
+
+        def add(*args: Any, **kwargs: Any) -> None:
+            log_prob = kwargs["log_prob"] if "log_prob" in kwargs else args[5]
+            if self._last is not None and log_prob is self._last[0]:
+                self._steps[buffer.pos] = self._last[1]
+            self._last = None
+            original_add(*args, **kwargs)
+
+        handle = policy.register_forward_hook(after_forward)
+        buffer.add = add  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            handle.remove()
+            del buffer.add
+            self._last = None
+
+    def distributions(self, buffer: BaseBuffer) -> list[th.distributions.Distribution] | None:
+        """The recorded rollout's distributions in the buffer's flattened (environment-major) row order."""
+        n_steps, n_envs = buffer.buffer_size, buffer.n_envs
+        if sorted(self._steps) != list(range(n_steps)):
+            return None
+        step_major = concat_distributions([self._steps[step] for step in range(n_steps)])
+        if len(step_major) == 0 or step_major[0].batch_shape[0] != n_steps * n_envs:
+            return None
+        # row t * n_envs + e (step-major) -> row e * n_steps + t (environment-major, as swap_and_flatten)
+        order = (th.arange(n_steps).unsqueeze(0) * n_envs + th.arange(n_envs).unsqueeze(1)).flatten()
+        return [index_distribution(dist, order.to(_device_of(dist))) for dist in step_major]
+
+
+def _device_of(dist: th.distributions.Distribution) -> th.device:
+    return (dist.loc if isinstance(dist, Normal) else dist.logits).device
+
+
 def index_observations(obs: PyTorchObs, index: th.Tensor | slice) -> PyTorchObs:
     """Rows ``index`` of a tensor or of each tensor of a dict observation."""
     if isinstance(obs, dict):
@@ -247,6 +316,15 @@ class ExtUpdateEngine:
         super()._setup_model()  # type: ignore[misc]
         if clipping_off:
             self.clip_range = None
+        self._collected = RolloutDistributions()
+
+    def _excluded_save_params(self) -> list[str]:
+        return [*super()._excluded_save_params(), "_collected"]  # type: ignore[misc]
+
+    def collect_rollouts(self, *args: Any, **kwargs: Any) -> bool:
+        """Upstream's ``collect_rollouts``, recording ``pi_old`` on every step (see :class:`RolloutDistributions`)."""
+        with self._collected.recording(self.policy, self.rollout_buffer):
+            return super().collect_rollouts(*args, **kwargs)  # type: ignore[misc]
 
     @property
     def uses_kl_penalty(self) -> bool:
@@ -294,8 +372,6 @@ class ExtUpdateEngine:
 
     def _chunked_distributions(self, n_samples: int, distribution_of: Any) -> list[th.distributions.Distribution]:
         """Detached torch distributions of ``distribution_of(rows)`` over all rows, computed chunk by chunk."""
-        from sb3_ppo_ext.distributions import concat_distributions, detach_distributions
-
         self.policy.set_training_mode(False)
         chunks = []
         with th.no_grad():
@@ -417,8 +493,10 @@ class ExtUpdateEngine:
         Written out rather than extending the upstream ``train``, which has no hook for extra loss
         terms or per-minibatch statistics; the steps and their order follow upstream's.
         """
-        # pi_old on every sample, in the mode it was sampled in (eval), for the analytic KL.
-        old_distributions = self._rollout_distributions()
+        # pi_old on every sample as collected (eval mode), for the analytic KL; recomputed if not recorded.
+        old_distributions = self._collected.distributions(self.rollout_buffer)
+        if old_distributions is None:
+            old_distributions = self._rollout_distributions()
         self.policy.set_training_mode(True)
         self._update_learning_rate(self.policy.optimizer)  # type: ignore[attr-defined]
         progress = self._current_progress_remaining

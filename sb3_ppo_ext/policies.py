@@ -97,9 +97,13 @@ class PPOExtActorCriticPolicy(ActorCriticPolicy):
         squash_output = check_bool("squash_output", squash_output, allow_none=True)
         state_dependent_std = bool(check_bool("state_dependent_std", state_dependent_std))
         use_sde = bool(check_bool("use_sde", kwargs.get("use_sde", False)))
-        for name in ("ortho_init", "full_std", "use_expln", "share_features_extractor", "normalize_images"):
+        for name in ("ortho_init", "share_features_extractor", "normalize_images"):
             if name in kwargs:
                 check_bool(name, kwargs[name])
+        # SB3 saves the gSDE-only flags as None when gSDE is off (``_get_constructor_parameters``).
+        for name in ("full_std", "use_expln"):
+            if name in kwargs:
+                check_bool(name, kwargs[name], allow_none=True)
         if squash_output is None:
             squash_output = is_box
         if squash_output:

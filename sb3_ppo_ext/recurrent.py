@@ -298,6 +298,16 @@ class RecurrentPPOExt(ExtUpdateEngine, RecurrentPPO):
         """
         if not self.policy.squash_output:
             return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
+        with self._collected.recording(self.policy, rollout_buffer):
+            return self._collect_squashed_rollouts(env, callback, rollout_buffer, n_rollout_steps)
+
+    def _collect_squashed_rollouts(
+        self,
+        env: VecEnv,
+        callback: BaseCallback,
+        rollout_buffer: RolloutBuffer,
+        n_rollout_steps: int,
+    ) -> bool:
         assert isinstance(rollout_buffer, (RecurrentRolloutBuffer, RecurrentDictRolloutBuffer))
         assert self._last_obs is not None, "No previous observation was provided"
         self.policy.set_training_mode(False)
