@@ -229,7 +229,9 @@ class PPOExt(ExtUpdateEngine, PPO):
         validation.check_real("kl_adapt_tolerance", kl_adapt_tolerance, low=1.0)
         low, high = validation.check_real_pair("kl_coef_bounds", kl_coef_bounds)
         if not low > 0:
-            raise validation.InvalidSettingError(f"kl_coef_bounds={kl_coef_bounds!r} is invalid: expected finite 0 < min <= max")
+            raise validation.InvalidSettingError(
+                f"kl_coef_bounds={kl_coef_bounds!r} is invalid: expected finite 0 < min <= max"
+            )
         if kl_target is not None and not low <= kl_coef <= high:
             raise validation.InvalidSettingError(
                 f"kl_coef={kl_coef!r} must lie within kl_coef_bounds={kl_coef_bounds!r} when kl_target is set"

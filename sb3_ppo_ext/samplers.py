@@ -248,7 +248,8 @@ def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dic
     params["ortho_init"] = check_bool("policy_kwargs.ortho_init", policy_kwargs.get("ortho_init", True))
     if not continuous:
         return params
-    params["squash"] = check_bool("policy_kwargs.squash_output", policy_kwargs.get("squash_output", True), allow_none=True) is not False
+    squash = check_bool("policy_kwargs.squash_output", policy_kwargs.get("squash_output", True), allow_none=True)
+    params["squash"] = squash is not False
     if check_bool("use_sde", get("use_sde")):
         params["exploration"] = "gsde"
         params["sde_sample_freq"] = check_choice("sde_sample_freq", get("sde_sample_freq"), SDE_SAMPLE_FREQS)
@@ -287,6 +288,49 @@ def _check_in_space(params: dict[str, Any], continuous: bool) -> None:
             raise ValueError(f"{name}={value!r} is outside the search space's {distribution}")
 
 
+LSTM_HIDDEN_SIZES = [16, 32, 64, 128]
+N_LSTM_LAYERS = [1, 2]
+# How the critic reads the history: its own LSTM, the actor's (shared, not trained by the value
+# loss), or no LSTM (an MLP on the observation).
+CRITIC_MEMORIES = {
+    "own_lstm": dict(enable_critic_lstm=True, shared_lstm=False),
+    "shared_lstm": dict(enable_critic_lstm=False, shared_lstm=True),
+    "mlp": dict(enable_critic_lstm=False, shared_lstm=False),
+}
+
+
+def sample_recurrent_zoo_form(trial: optuna.Trial, continuous: bool = True) -> dict[str, Any]:
+    """
+    Sample one RecurrentPPOExt configuration in rl-zoo3's yml form: PPOExt's space
+    (:func:`sample_zoo_form`) plus the LSTM's knobs ``lstm_hidden_size``, ``n_lstm_layers`` and
+    ``critic_memory`` (own LSTM / the actor's shared LSTM / none) in ``policy_kwargs``.
+
+    :param trial: an Optuna trial (or ``optuna.trial.FixedTrial`` to replay a trial's params)
+    :param continuous: whether the action space is ``Box``
+    :return: RecurrentPPOExt settings in yml form
+    """
+    form = sample_zoo_form(trial, continuous)
+    form["policy_kwargs"] = {
+        **form["policy_kwargs"],
+        "lstm_hidden_size": trial.suggest_categorical("lstm_hidden_size", LSTM_HIDDEN_SIZES),
+        "n_lstm_layers": trial.suggest_categorical("n_lstm_layers", N_LSTM_LAYERS),
+        **CRITIC_MEMORIES[trial.suggest_categorical("critic_memory", list(CRITIC_MEMORIES))],
+    }
+    return form
+
+
+def sample_recurrent_zoo_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
+    """rl-zoo3's ``HYPERPARAMS_SAMPLER["ppo_lstm_ext"]`` (``n_actions`` is 0 unless the action space is Box)."""
+    return to_algorithm_kwargs(sample_recurrent_zoo_form(trial, continuous=n_actions > 0))
+
+
+def convert_recurrent_zoo_params(params: dict[str, Any]) -> dict[str, Any]:
+    """rl-zoo3's ``HYPERPARAMS_CONVERTER["ppo_lstm_ext"]``: the sampler replayed on the trial's params."""
+    import optuna
+
+    return sample_recurrent_zoo_form(optuna.trial.FixedTrial(params), continuous="squash" in params)
+
+
 def sample_zoo_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
     """rl-zoo3's ``HYPERPARAMS_SAMPLER["ppo_ext"]`` (``n_actions`` is 0 unless the action space is Box)."""
     return sample_ppo_ext_params(trial, continuous=n_actions > 0)
@@ -301,20 +345,26 @@ __all__ = [
     "ACTIVATIONS",
     "CLIP_RANGES",
     "CLIP_RANGES_VF",
+    "CRITIC_MEMORIES",
     "HEARTBEAT_INTERVAL",
+    "LSTM_HIDDEN_SIZES",
     "MAX_RETRY",
-    "N_EPOCHS",
     "NET_ARCHS",
+    "N_EPOCHS",
+    "N_LSTM_LAYERS",
     "SCHEDULE_KEYS",
     "SDE_SAMPLE_FREQS",
     "TARGET_KLS",
     "StorageError",
     "activation_class",
+    "convert_recurrent_zoo_params",
     "convert_zoo_params",
     "make_storage",
     "params_from_zoo_entry",
     "ppo_ext_kwargs_from_params",
     "sample_ppo_ext_params",
+    "sample_recurrent_zoo_form",
+    "sample_recurrent_zoo_params",
     "sample_zoo_form",
     "sample_zoo_params",
     "to_ppo_ext_kwargs",

@@ -96,6 +96,13 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             sampler="sb3_ppo_ext.samplers:sample_zoo_params",
             converter="sb3_ppo_ext.samplers:convert_zoo_params",
         ),
+        AlgorithmSpec(
+            "ppo_lstm_ext",
+            "sb3_ppo_ext.recurrent:RecurrentPPOExt",
+            HYPERPARAMS_DIR / "ppo_lstm_ext.yml",
+            sampler="sb3_ppo_ext.samplers:sample_recurrent_zoo_params",
+            converter="sb3_ppo_ext.samplers:convert_recurrent_zoo_params",
+        ),
     )
 }
 DEFAULT_ALGO = "ppo_ext"

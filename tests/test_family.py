@@ -437,3 +437,45 @@ def test_recurrent_bad_input():
         RecurrentPPOExt("MlpLstmPolicy", "Pendulum-v1", kl_coef=-1.0)
     with pytest.raises(ValueError, match="entropy_estimator"):
         RecurrentPPOExt("MlpLstmPolicy", "Pendulum-v1", policy_kwargs=dict(entropy_estimator="exact"))
+
+
+# ---------------------------------------------------------------- rl-zoo3: the shipped ppo_lstm_ext.yml and the sampler
+
+
+def test_every_shipped_ppo_lstm_ext_entry_passes_the_settings_check_and_builds():
+    import yaml
+
+    from sb3_ppo_ext import settings
+
+    path = settings.ALGORITHMS["ppo_lstm_ext"].hyperparams
+    entries = yaml.safe_load(path.read_text())
+    assert {"default", "PendulumNoVel-v1", "CartPoleNoVel-v1", "Hopper-v5", "Walker2d-v5"} <= set(entries)
+    for env_id, entry in entries.items():
+        assert settings.entry_problems(entry, "ppo_lstm_ext") == [], env_id
+        if entry["policy"] != "MlpLstmPolicy":
+            continue
+        kwargs = settings.to_algorithm_kwargs(
+            {k: v for k, v in entry.items() if k in settings.algorithm_parameters(RecurrentPPOExt)}
+        )
+        kwargs.pop("policy")
+        discrete = env_id.startswith(("CartPole", "MountainCarNoVel", "Acrobot", "LunarLanderNoVel"))
+        model = RecurrentPPOExt("MlpLstmPolicy", "CartPole-v1" if discrete else "Pendulum-v1", **kwargs)
+        assert model.policy.squash_output is (not discrete), env_id
+
+
+def test_recurrent_sampler_adds_the_lstm_knobs_and_replays():
+    optuna = pytest.importorskip("optuna")
+    from sb3_ppo_ext import samplers
+
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    for continuous in (True, False):
+        trial = study.ask()
+        kwargs = samplers.sample_recurrent_zoo_params(trial, n_actions=1 if continuous else 0, n_envs=1, additional_args={})
+        policy_kwargs = kwargs["policy_kwargs"]
+        assert policy_kwargs["lstm_hidden_size"] in samplers.LSTM_HIDDEN_SIZES
+        assert not (policy_kwargs["shared_lstm"] and policy_kwargs["enable_critic_lstm"])
+        assert ("squash_output" in policy_kwargs) is continuous
+        replayed = samplers.convert_recurrent_zoo_params(trial.params)
+        assert replayed["policy_kwargs"]["lstm_hidden_size"] == policy_kwargs["lstm_hidden_size"]
+        model = RecurrentPPOExt("MlpLstmPolicy", "Pendulum-v1" if continuous else "CartPole-v1", **kwargs)
+        assert model.policy.lstm_actor.hidden_size == policy_kwargs["lstm_hidden_size"]

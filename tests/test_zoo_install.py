@@ -236,3 +236,39 @@ def test_editable_install(tmp_path_factory: pytest.TempPathFactory):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+def test_ppo_lstm_ext_train_enjoy_continue_optimize(installed_venv: Venv, workdir: Path):
+    """--algo ppo_lstm_ext (RecurrentPPOExt) through rl-zoo3 with the shipped ppo_lstm_ext.yml: train, enjoy, -i, -optimize."""
+    assert (installed_venv.site_packages / "sb3_ppo_ext" / "hyperparams" / "ppo_lstm_ext.yml").is_file()
+    tiny = "-n 256 --num-threads 1 --seed 0 -params n_envs:1 n_steps:64"
+    result = check(
+        run(
+            installed_venv,
+            f"python -m rl_zoo3.train --algo ppo_lstm_ext --env PendulumNoVel-v1 {tiny} --eval-freq 128",
+            workdir,
+        )
+    )
+    assert "ppo_lstm_ext.yml" in result.stdout
+    run_dir = workdir / "logs" / "ppo_lstm_ext" / "PendulumNoVel-v1_1"
+    assert (run_dir / "PendulumNoVel-v1.zip").is_file() and (run_dir / "evaluations.npz").is_file()
+    result = check(
+        run(
+            installed_venv,
+            "python -m rl_zoo3.enjoy --algo ppo_lstm_ext --env PendulumNoVel-v1 -f logs -n 210 --no-render",
+            workdir,
+        )
+    )
+    assert "Mean reward" in result.stdout
+    trained = run_dir / "PendulumNoVel-v1.zip"
+    check(
+        run(installed_venv, f"python -m rl_zoo3.train --algo ppo_lstm_ext --env PendulumNoVel-v1 {tiny} -i {trained}", workdir)
+    )
+    assert (workdir / "logs" / "ppo_lstm_ext" / "PendulumNoVel-v1_2" / "PendulumNoVel-v1.zip").is_file()
+    command = (
+        "python -m rl_zoo3.train --algo ppo_lstm_ext --env CartPoleNoVel-v1 -optimize -n 256 --n-trials 2 "
+        "--n-startup-trials 1 "
+        "--n-evaluations 1 --eval-episodes 1 --no-optim-plots --num-threads 1 --seed 0 -params n_envs:1"
+    )
+    result = check(run(installed_venv, command, workdir))
+    assert "lstm_hidden_size" in result.stdout and "critic_memory" in result.stdout

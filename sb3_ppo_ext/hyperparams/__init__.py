@@ -1,4 +1,7 @@
-"""The hyperparameter files shipped with sb3_ppo_ext (rl-zoo3 format); reading and checking them is :mod:`sb3_ppo_ext.settings`'s job."""
+"""The hyperparameter files shipped with sb3_ppo_ext (rl-zoo3 format).
+
+Reading and checking them is :mod:`sb3_ppo_ext.settings`'s job.
+"""
 
 from __future__ import annotations
 
