@@ -72,3 +72,17 @@ def test_check_fast_tier_judges_bodies_not_def_lines(tmp_path: Path):
     ran = def_lines | {4, 13}  # used() and Thing() ran
     missing, _, _ = check_fast_tier["not_run"]({str(path.resolve()): ran}, [(path, "mod")])
     assert missing == ["mod.unused", "mod.Thing.method"]
+
+
+@pytest.mark.integration  # runs the whole fast tier again, under coverage, in a subprocess
+def test_fast_tier_runs_every_public_function():
+    result = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "check_fast_tier.py"), "--workers", "2"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    report = result.stdout[-5000:]
+    assert "public functions, classes and methods judged" in report, result.stderr[-3000:]
+    assert result.returncode == 0, report

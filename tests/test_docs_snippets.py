@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import os
 import re
 import runpy
@@ -163,6 +164,7 @@ def parse_entry_point(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> argpa
 
             zoo.register()  # what the startup hook does when rl_zoo3 is imported
         monkeypatch.setattr(sys, "argv", [module, *rest])
+        monkeypatch.delitem(sys.modules, f"{module}.__main__", raising=False)  # runpy runs it afresh
         run = lambda: runpy.run_module(module, run_name="__main__", alter_sys=True)  # noqa: E731
     else:
         script, rest = REPO_ROOT / argv[0], argv[1:]
@@ -190,13 +192,21 @@ def check_pip_install(words: list[str]) -> None:
             assert word in {"-e"} or re.fullmatch(r"[\w.-]+(\[[\w,]+\])?[<>=!~]=?[\w.]+", word), word
 
 
-def check_pytest(words: list[str], tmp_path: Path) -> None:
-    """The test selection collects (``-n auto`` becomes ``-n 0``: collection only, in one process)."""
+def check_pytest(words: list[str]) -> None:
+    """The test selection collects (without ``-n``: collection only, in one process)."""
     args = words[3:]
     if "-n" in args:
-        args[args.index("-n") + 1] = "0"
+        del args[args.index("-n") : args.index("-n") + 2]
+    collected = collect_tests(tuple(args))
+    if "-m" in args and "not integration" in args[args.index("-m") + 1]:
+        assert collected < collect_tests(()), "the fast tier leaves the integration tests out"
+
+
+@functools.cache
+def collect_tests(args: tuple[str, ...]) -> int:
+    """How many tests ``python -m pytest <args>`` selects (one collection per distinct command and process)."""
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", *args, "--collect-only", "-q", "-p", "no:cacheprovider"],
+        [sys.executable, "-m", "pytest", *args, "--collect-only", "-q", "-p", "no:cacheprovider", "-n", "0"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -204,7 +214,9 @@ def check_pytest(words: list[str], tmp_path: Path) -> None:
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert re.search(r"\d+(/\d+)? tests? collected", result.stdout), result.stdout[-2000:]
+    counted = re.search(r"(\d+)(?:/\d+)? tests? collected", result.stdout)
+    assert counted, result.stdout[-2000:]
+    return int(counted[1])
 
 
 def check_command(words: list[str], env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -221,7 +233,7 @@ def check_command(words: list[str], env: dict[str, str], tmp_path: Path, monkeyp
     elif words[:2] == ["pip", "install"]:
         check_pip_install(words)
     elif words[0] in {"python", "python3"} and words[1:3] == ["-m", "pytest"]:
-        check_pytest(words, tmp_path)
+        check_pytest(words)
     elif words[0] in {"python", "python3"}:
         parse_entry_point(words[1:], monkeypatch)
     elif words[0] == "sphinx-build":

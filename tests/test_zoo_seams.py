@@ -4,7 +4,8 @@ Each scenario runs ``python -m rl_zoo3.train --algo ppo`` twice in subprocesses,
 folders: once with the startup hook on (this package registered at every seam, as after
 ``pip install``) and once with ``SB3_PPO_EXT_NO_ZOO_HOOK=1`` (rl-zoo3 alone). Both runs must give
 the same exit status, the same set of saved files, the same evaluations, the same monitor rows
-and the same weights (same seed, one torch thread).
+and the same weights (same seed, one torch thread). The tests at the end check the same seams in
+this process (fast tier).
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
-pytestmark = pytest.mark.integration
 
 HOOK_SWITCH = "SB3_PPO_EXT_NO_ZOO_HOOK"
 TRAIN = [sys.executable, "-m", "rl_zoo3.train", "--algo", "ppo", "--seed", "0", "--num-threads", "1", "-f", "logs"]
@@ -89,6 +88,7 @@ def hook_states(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, str]:
     return {hook: _run([sys.executable, "-c", probe], cwd, hook).stdout.strip() for hook in (True, False)}
 
 
+@pytest.mark.integration  # rl-zoo3 in subprocesses
 def test_the_hook_switch_toggles_every_seam(hook_states: dict[bool, str]):
     assert hook_states == {True: "True True", False: "False False"}
 
@@ -104,6 +104,7 @@ def _both(tmp_path: Path, command: list[str], prepare=None) -> tuple[Path, Path,
     return folders[True], folders[False], results
 
 
+@pytest.mark.integration  # rl-zoo3 in subprocesses
 def test_train_with_params_save_freq_and_continue_with_i(tmp_path: Path, hook_states: dict[bool, str]):
     """``-params``, ``--save-freq``, evaluations, then ``-i <checkpoint>``: identical with and without the package."""
     train = [*TRAIN, *CARTPOLE, "-n", "512", "--save-freq", "256", "--eval-freq", "256"]
@@ -121,6 +122,7 @@ def test_train_with_params_save_freq_and_continue_with_i(tmp_path: Path, hook_st
     assert (with_hook / "logs/ppo/CartPole-v1_2/CartPole-v1.zip").is_file()
 
 
+@pytest.mark.integration  # rl-zoo3 in subprocesses
 def test_malformed_params_fail_as_in_rl_zoo3(tmp_path: Path, hook_states: dict[bool, str]):
     """For ``--algo ppo`` a malformed ``-params`` value is rl-zoo3's own error (our argparse message is for ours only)."""
     for order in ([*TRAIN, "-params", "n_steps:("], [sys.executable, "-m", "rl_zoo3.train", "-params", "n_steps:(", "--algo", "ppo"]):
@@ -136,6 +138,7 @@ def test_malformed_params_fail_as_in_rl_zoo3(tmp_path: Path, hook_states: dict[b
     assert result.returncode == 2 and "cannot parse 'n_steps:('" in result.stderr
 
 
+@pytest.mark.integration  # rl-zoo3 in subprocesses
 def test_optimize(tmp_path: Path, hook_states: dict[bool, str]):
     """``-optimize`` for two trials (rl-zoo3's own ppo sampler): the same trials, parameters and values."""
     command = [
@@ -154,3 +157,76 @@ def test_optimize(tmp_path: Path, hook_states: dict[bool, str]):
     pd.testing.assert_frame_equal(reports[True], reports[False])
     strip_time = {name.rsplit("_", 1)[0] for name in _files(with_hook / "logs")}
     assert strip_time == {name.rsplit("_", 1)[0] for name in _files(without_hook / "logs")}
+
+
+# --- the same seams in this process (fast tier) --------------------------------------------------
+
+
+def test_our_algorithms_and_nothing_else():
+    from sb3_ppo_ext import zoo
+
+    assert "ppo_ext" in zoo.OUR_ALGOS and zoo.is_ours("ppo_ext")
+    assert not any(zoo.is_ours(name) for name in ("ppo", "a2c", "sac", "ppo_lstm", "trpo", None))
+    assert "kl_coef" in zoo.ppo_ext_parameters() and "env" not in zoo.ppo_ext_parameters()
+
+
+@pytest.mark.parametrize("algo", ["ppo", "ppo_ext"])
+@pytest.mark.parametrize("algo_first", [True, False])
+def test_store_dict_error_is_ours_only(algo: str, algo_first: bool, monkeypatch: pytest.MonkeyPatch, capsys):
+    """rl-zoo3's StoreDict with the seam: a malformed value raises as in rl-zoo3, except for our algorithms."""
+    import argparse
+
+    from rl_zoo3.utils import StoreDict
+
+    from sb3_ppo_ext import zoo
+
+    zoo.register()
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--algo", default="ppo")
+    parser.add_argument("-params", nargs="+", action=StoreDict, default={})
+    argv = ["--algo", algo, "-params", "n_steps:("] if algo_first else ["-params", "n_steps:(", "--algo", algo]
+    monkeypatch.setattr(sys, "argv", ["train.py", *argv])
+    assert parser.parse_args(["-params", "n_steps:8", "--algo", algo]).params == {"n_steps": 8}
+    if zoo.is_ours(algo):
+        with pytest.raises(SystemExit) as exit_info:
+            parser.parse_args(argv)
+        assert exit_info.value.code == 2 and "cannot parse 'n_steps:('" in capsys.readouterr().err
+    else:
+        with pytest.raises(SyntaxError):
+            parser.parse_args(argv)
+
+
+def test_registered_sampler_is_called_as_rl_zoo3_calls_it():
+    import optuna
+    from rl_zoo3.hyperparams_opt import HYPERPARAMS_CONVERTER, HYPERPARAMS_SAMPLER
+
+    from sb3_ppo_ext import zoo
+
+    zoo.register()
+    trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()
+    sampled = HYPERPARAMS_SAMPLER["ppo_ext"](trial, 1, 1, {})  # (trial, n_actions, n_envs, additional_args)
+    assert {"n_steps", "batch_size", "learning_rate"} <= set(sampled)
+    assert HYPERPARAMS_CONVERTER["ppo_ext"](trial.params)
+    assert "ppo" in HYPERPARAMS_SAMPLER and HYPERPARAMS_SAMPLER["ppo"].__module__ == "rl_zoo3.hyperparams_opt"
+
+
+def test_no_hook_route_usage(capsys):
+    from sb3_ppo_ext import zoo
+
+    assert zoo.main(["--help"]) == 0 and "python -m sb3_ppo_ext.zoo" in capsys.readouterr().out
+    assert zoo.main([]) == 2
+    assert zoo.main(["bogus"]) == 2 and "unknown command 'bogus'" in capsys.readouterr().err
+
+
+def test_startup_hook_install_is_idempotent_and_switchable(monkeypatch: pytest.MonkeyPatch):
+    import sb3_ppo_ext_zoo_hook as hook
+
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not isinstance(f, hook.ZooImportHook)])
+    monkeypatch.setenv(hook.DISABLE_ENV_VAR, "1")
+    hook.install()
+    assert not any(isinstance(f, hook.ZooImportHook) for f in sys.meta_path)
+    monkeypatch.setenv(hook.DISABLE_ENV_VAR, "0")
+    hook.install()
+    hook.install()
+    assert sum(isinstance(f, hook.ZooImportHook) for f in sys.meta_path) == 1
+    assert isinstance(sys.meta_path[0], hook.ZooImportHook)
