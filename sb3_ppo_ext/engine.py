@@ -190,11 +190,12 @@ class RolloutDistributions:
 
         def after_forward(module: th.nn.Module, args: Any, output: Any) -> None:
             try:
-                dists = detach_distributions(torch_distributions(module.action_dist))  # type: ignore[arg-type]
+                dists = torch_distributions(module.action_dist)  # type: ignore[arg-type]
             except (AttributeError, NotImplementedError):
                 self._last = None
                 return
-            self._last = (output[2], dists)
+            # Collection runs without autograd: the parameters hold no graph and are kept as they are.
+            self._last = (output[2], dists if not th.is_grad_enabled() else detach_distributions(dists))
 
         original_add = buffer.add
 

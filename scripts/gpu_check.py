@@ -1,8 +1,10 @@
 """CPU vs accelerator check: each objective and head gives the same losses on a fixed batch, and trains.
 
 For each configuration, one rollout is collected on the CPU; the same weights and the same batch
-are then evaluated by ``PPOExt.minibatch_losses`` on the CPU and on ``--device`` (default
-``cuda``), and every loss term is compared. Then a few updates run end to end on the device.
+are then evaluated by the update engine's ``minibatch_losses`` on the CPU and on ``--device``
+(default ``cuda``), and every loss term is compared. Then a few updates run end to end on the
+device. PPOExt, MaskablePPOExt (masked KL) and RecurrentPPOExt (squashed LSTM head, padded
+sequences) are each checked.
 Exits non-zero on any mismatch.
 
     python scripts/gpu_check.py                  # needs a CUDA device
@@ -18,10 +20,13 @@ from typing import Any
 
 import numpy as np
 import torch as th
+from sb3_contrib.common.envs import InvalidActionEnvMultiDiscrete
+from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 
-from sb3_ppo_ext import PPOExt
+from sb3_ppo_ext import MaskablePPOExt, PPOExt, RecurrentPPOExt
+from sb3_ppo_ext.engine import Minibatch
 
 BASE = dict(n_steps=64, batch_size=32, n_epochs=2, seed=0)
 # "gaussian" entropy keeps the comparison deterministic (the "mc" estimate draws from each device's RNG).
@@ -43,6 +48,21 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
         dict(clip_range_vf=0.2, policy_kwargs=dict(squash_output=False)),
     ),
     "categorical + clip + KL": ("CartPole-v1", dict(kl_coef=1.0, kl_target=0.01)),
+    "MaskablePPOExt: masked MultiDiscrete + clip + KL + value clip": (
+        "InvalidActionEnvMultiDiscrete",
+        dict(algorithm=MaskablePPOExt, kl_coef=1.0, clip_range_vf=0.2),
+    ),
+    "RecurrentPPOExt: squashed LSTM + clip + KL + value clip max": (
+        "Pendulum-v1",
+        dict(
+            algorithm=RecurrentPPOExt,
+            policy="MlpLstmPolicy",
+            kl_coef=0.5,
+            clip_range_vf=0.2,
+            vf_clip_mode="max",
+            policy_kwargs=dict(entropy_estimator="gaussian", net_arch=[32], lstm_hidden_size=16),
+        ),
+    ),
 }
 TERMS = (
     "loss",
@@ -56,42 +76,56 @@ TERMS = (
 )
 
 
-def _to(batch: Any, device: th.device) -> Any:
-    fields = []
-    for field in batch:
-        if isinstance(field, dict):
-            fields.append({key: value.to(device) for key, value in field.items()})
-        else:
-            fields.append(field.to(device))
-    return type(batch)(*fields)
+def _to(value: Any, device: th.device) -> Any:
+    """``value`` (a minibatch: tensors in named tuples, tuples and dicts) on ``device``."""
+    if isinstance(value, th.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {key: _to(item, device) for key, item in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(_to(item, device) for item in value))
+    if isinstance(value, tuple):
+        return tuple(_to(item, device) for item in value)
+    return value
 
 
-def _losses(model: PPOExt, batch: Any, before: dict, after: dict) -> dict[str, float]:
+def _losses(model: BaseAlgorithm, batch: Minibatch, before: dict, after: dict) -> dict[str, float]:
     """Loss terms of the policy ``after`` one update, against the rollout policy ``before``."""
-    n_samples = batch.advantages.shape[0]
-    actions = batch.actions.long().flatten() if model.action_space.__class__.__name__ == "Discrete" else batch.actions
     model.policy.load_state_dict(before)
-    old = model._rollout_distributions(batch.observations, n_samples)
+    old = model._rollout_distributions()  # type: ignore[attr-defined]
     model.policy.load_state_dict(after)
-    index = th.arange(n_samples, device=model.device)
     model.policy.set_training_mode(True)
-    clip_range_vf = 0.2 if model.clip_range_vf is not None else None
-    terms = model.minibatch_losses(batch, index, actions, old, 0.2 if model.clip_range else None, clip_range_vf, model.kl_coef)
+    clip_range_vf = 0.2 if model.clip_range_vf is not None else None  # type: ignore[attr-defined]
+    clip_range = 0.2 if model.clip_range else None  # type: ignore[attr-defined]
+    terms = model.minibatch_losses(batch, old, clip_range, clip_range_vf, model.kl_coef)  # type: ignore[attr-defined]
     return {key: float(value.item()) for key, value in terms.items() if value.dim() == 0}
 
 
+def _build(env_id: str, kwargs: dict[str, Any], device: str) -> BaseAlgorithm:
+    kwargs = dict(kwargs)
+    algorithm, policy = kwargs.pop("algorithm", PPOExt), kwargs.pop("policy", "MlpPolicy")
+    env = (
+        (lambda: InvalidActionEnvMultiDiscrete(dims=[3, 4], n_invalid_actions=2))
+        if env_id == "InvalidActionEnvMultiDiscrete"
+        else env_id
+    )
+    return algorithm(policy, make_vec_env(env, n_envs=2, seed=0), device=device, **BASE, **kwargs)
+
+
 def check(name: str, env_id: str, kwargs: dict[str, Any], device: str, rtol: float) -> bool:
-    cpu = PPOExt("MlpPolicy", make_vec_env(env_id, n_envs=2, seed=0), device="cpu", **BASE, **kwargs)
+    cpu = _build(env_id, kwargs, "cpu")
     _, callback = cpu._setup_learn(BASE["n_steps"] * 2, callback=None)
     callback.on_training_start(locals(), globals())
     assert isinstance(callback, BaseCallback)
     cpu.collect_rollouts(cpu.env, callback, cpu.rollout_buffer, n_rollout_steps=cpu.n_steps)  # type: ignore[arg-type]
-    batch = next(cpu.rollout_buffer.get(batch_size=None))
+    batch = next(cpu._minibatches())  # type: ignore[attr-defined]  # a real minibatch, its rows (and padding)
+    rollout = copy.deepcopy(cpu.rollout_buffer)
     before = copy.deepcopy(cpu.policy.state_dict())
     cpu.train()  # one update, so that ratios, KL and clipping are not trivially 1, 0 and 0
     after = copy.deepcopy(cpu.policy.state_dict())
 
-    other = PPOExt("MlpPolicy", make_vec_env(env_id, n_envs=2, seed=0), device=device, **BASE, **kwargs)
+    other = _build(env_id, kwargs, device)
+    other.rollout_buffer, rollout.device = rollout, other.device  # the same rollout, read onto the device
     expected, got = _losses(cpu, batch, before, after), _losses(other, _to(batch, other.device), before, after)
     ok = True
     for key in TERMS:

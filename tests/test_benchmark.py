@@ -132,7 +132,7 @@ def test_run_with_changed_settings_is_not_finished(tmp_path, monkeypatch):
     tuned = tmp_path / "tuned.yml"
     tuned.write_text("Pendulum-v1:\n  policy: 'MlpPolicy'\n  n_envs: 8\n")
     monkeypatch.setattr(hp, "PPO_EXT_YML", tuned)
-    monkeypatch.setattr(hp.load_hyperparams, "__defaults__", (tuned,))
+    monkeypatch.setattr(hp.load_hyperparams, "__defaults__", (tuned, *hp.load_hyperparams.__defaults__[1:]))
     assert benchmark.expected_hyperparams(spec)["n_envs"] == "8"
     assert not benchmark.is_finished(spec)
 

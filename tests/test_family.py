@@ -479,3 +479,64 @@ def test_recurrent_sampler_adds_the_lstm_knobs_and_replays():
         assert replayed["policy_kwargs"]["lstm_hidden_size"] == policy_kwargs["lstm_hidden_size"]
         model = RecurrentPPOExt("MlpLstmPolicy", "Pendulum-v1" if continuous else "CartPole-v1", **kwargs)
         assert model.policy.lstm_actor.hidden_size == policy_kwargs["lstm_hidden_size"]
+
+
+def test_recurrent_gsde_bit_for_bit_and_squashed():
+    trained = []
+    for cls in (RecurrentPPO, RecurrentPPOExt):
+        policy_kwargs = dict(LSTM_POLICY, **({"squash_output": False} if cls is RecurrentPPOExt else {}))
+        model = cls("MlpLstmPolicy", "Pendulum-v1", use_sde=True, sde_sample_freq=4, policy_kwargs=policy_kwargs, **LSTM_TINY)
+        model.learn(96)
+        trained.append(weights(model))
+    assert th.equal(*trained)
+    model = quiet(
+        RecurrentPPOExt("MlpLstmPolicy", "Pendulum-v1", use_sde=True, kl_coef=0.5, policy_kwargs=LSTM_POLICY, **LSTM_TINY)
+    )
+    model.learn(64)
+    assert model.policy.squash_output and np.isfinite(model.logger.name_to_value["train/kl_penalty"])
+
+
+@pytest.mark.parametrize("family", ["maskable", "recurrent"])
+def test_cnn_and_dict_policies(family):
+    """The CnnPolicy / MultiInputPolicy aliases build the upstream extractors and train."""
+    from stable_baselines3.common.envs import SimpleMultiObsEnv
+    from stable_baselines3.common.torch_layers import CombinedExtractor, NatureCNN
+
+    class ImageEnv(gym.Env):
+        observation_space = spaces.Box(0, 255, (36, 36, 1), dtype=np.uint8)
+        action_space = spaces.Discrete(3)
+
+        def reset(self, *, seed=None, options=None):
+            return self.observation_space.sample(), {}
+
+        def step(self, action):
+            return self.observation_space.sample(), 1.0, False, True, {}
+
+        def action_masks(self):
+            return np.array([True, False, True])
+
+    class MaskedMultiObsEnv(SimpleMultiObsEnv):
+        def action_masks(self):
+            return np.array([True, True, False, True])
+
+    if family == "maskable":
+        cnn = MaskablePPOExt("CnnPolicy", ImageEnv(), n_steps=16, batch_size=8, n_epochs=1, seed=0)
+        multi = MaskablePPOExt("MultiInputPolicy", MaskedMultiObsEnv(), n_steps=16, batch_size=8, n_epochs=1, seed=0)
+    else:
+        cnn = RecurrentPPOExt("CnnLstmPolicy", ImageEnv(), n_steps=16, batch_size=8, n_epochs=1, seed=0)
+        multi = RecurrentPPOExt("MultiInputLstmPolicy", SimpleMultiObsEnv(), n_steps=16, batch_size=8, n_epochs=1, seed=0)
+    assert isinstance(cnn.policy.features_extractor, NatureCNN)
+    assert isinstance(multi.policy.features_extractor, CombinedExtractor)
+    for model in (cnn, multi):
+        quiet(model).learn(16)
+        values, log_prob, _ = model.policy.evaluate_actions(*_evaluation_inputs(model))
+        assert th.isfinite(values).all() and th.isfinite(log_prob).all()
+
+
+def _evaluation_inputs(model):
+    """The inputs of the policy's evaluate_actions on the model's first rollout rows."""
+    samples = next(model.rollout_buffer.get(8))
+    actions = samples.actions.long().flatten() if isinstance(model.action_space, spaces.Discrete) else samples.actions
+    if isinstance(model, MaskablePPOExt):
+        return samples.observations, actions, samples.action_masks
+    return samples.observations, actions, samples.lstm_states, samples.episode_starts

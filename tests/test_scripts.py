@@ -34,5 +34,38 @@ def test_throughput_json_is_cpu_time_based_and_read_by_the_report(tmp_path, caps
         assert entry["wall"]["best"] == max(entry["wall"]["fps"])
     report = runpy.run_path(str(SCRIPTS / "benchmark_report.py"))
     lines, ratios = report["throughput_section"](saved)
-    assert set(ratios) >= {"PPOExt, squash on", "PPOExt, squash off (best)"}
+    assert set(ratios) >= {"PPOExt, squash on @ Pendulum-v1", "PPOExt, squash off @ Pendulum-v1 (best)"}
     assert "process CPU time" in capsys.readouterr().out and lines
+
+
+def test_gpu_check_covers_maskable_and_recurrent_on_cpu(capsys):
+    gpu_check = runpy.run_path(str(SCRIPTS / "gpu_check.py"))
+    for name in (
+        "MaskablePPOExt: masked MultiDiscrete + clip + KL + value clip",
+        "RecurrentPPOExt: squashed LSTM + clip + KL + value clip max",
+    ):
+        env_id, kwargs = gpu_check["CONFIGS"][name]
+        assert gpu_check["check"](name, env_id, kwargs, "cpu", 1e-6)
+    out = capsys.readouterr().out
+    assert out.count("kl_penalty") == 2 and "MISMATCH" not in out
+
+
+def test_throughput_families_and_the_report_targets(tmp_path):
+    """--family maskable / recurrent time the Ext class against its upstream class; the report sets their targets."""
+    throughput = runpy.run_path(str(SCRIPTS / "throughput.py"))
+    report = runpy.run_path(str(SCRIPTS / "benchmark_report.py"))
+    measured = []
+    for family, n_steps in (("maskable", 32), ("recurrent", 16)):
+        argv = ["--family", family, "--steps", str(2 * n_steps), "--n-envs", "2", "--n-steps", str(n_steps)]
+        result = throughput["main"]([*argv, "--batch-size", "16", "--n-epochs", "1", "--repeats", "1", "--warmup", "0"])
+        assert result["family"] == family
+        reference = next(iter(result["variants"].values()))
+        assert reference["ratio_of_medians"] == 1.0
+        measured.append(result)
+    assert next(iter(measured[0]["variants"])) == "MaskablePPO" and next(iter(measured[1]["variants"])) == "RecurrentPPO"
+    lines, ratios = report["throughput_sections"](measured)
+    assert "### MaskablePPOExt ÷ MaskablePPO, InvalidActionEnvDiscrete" in lines
+    targets = "\n".join(report["targets_section"]("pendulum", {}, ratios))
+    assert "| MaskablePPOExt @ InvalidActionEnvDiscrete (all diagnostics on) |" in targets
+    assert "| RecurrentPPOExt, squash on @ Pendulum-v1 (all diagnostics on) |" in targets
+    assert "| throughput ratio ≥ 0.98 | PPOExt, squash off | not measured yet | — |" in targets
