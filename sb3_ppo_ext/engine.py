@@ -372,15 +372,15 @@ class ExtUpdateEngine:
         )
 
     def _chunked_distributions(self, n_samples: int, distribution_of: Any) -> list[th.distributions.Distribution]:
-        """Detached torch distributions of ``distribution_of(rows)`` over all rows, computed chunk by chunk."""
+        """Torch distributions of ``distribution_of(rows)`` over all rows, computed chunk by chunk without autograd."""
         self.policy.set_training_mode(False)
-        chunks = []
         with th.no_grad():
-            for start in range(0, n_samples, DISTRIBUTION_CHUNK):
-                chunks.append(
-                    detach_distributions(torch_distributions(distribution_of(slice(start, start + DISTRIBUTION_CHUNK))))
-                )
-        return concat_distributions(chunks)
+            chunks = [
+                torch_distributions(distribution_of(slice(start, start + DISTRIBUTION_CHUNK)))
+                for start in range(0, n_samples, DISTRIBUTION_CHUNK)
+            ]
+        # Computed without autograd, so there is nothing to detach; one chunk needs no concatenation.
+        return chunks[0] if len(chunks) == 1 else concat_distributions(chunks)
 
     # ---- the update -----------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, PyTorch
 from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_ppo_ext.distributions import concat_distributions, detach_distributions, torch_distributions
+from sb3_ppo_ext.distributions import torch_distributions
 from sb3_ppo_ext.engine import ExtUpdateEngine, flat_observations, flat_rollout
 from sb3_ppo_ext.policies import PPOExtActorCriticPolicy
 from sb3_ppo_ext.ppo_ext import PPOExt, checked_arguments
@@ -272,7 +272,7 @@ class RecurrentPPOExt(ExtUpdateEngine, RecurrentPPO):
         self.policy.set_training_mode(False)
         with th.no_grad():
             distribution, _ = self.policy.get_distribution(obs, lstm_states, episode_starts)
-            return concat_distributions([detach_distributions(torch_distributions(distribution))])
+        return torch_distributions(distribution)
 
     # ---- collection -----------------------------------------------------------------------------
 

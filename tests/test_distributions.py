@@ -282,3 +282,27 @@ def test_entropy_without_grad_is_the_same_estimate_from_the_same_draws():
     assert with_grad.requires_grad and not without_grad.requires_grad
     assert th.equal(with_grad.detach(), without_grad)
     assert th.equal(th.get_rng_state(), state_after_grad)
+
+
+def test_proba_distribution_net_is_the_base_gaussians():
+    """The squashed head's network is the pre-squash Gaussian's: a mean layer and a log-std parameter."""
+    from stable_baselines3.common.distributions import DiagGaussianDistribution
+
+    base = DiagGaussianDistribution(2).proba_distribution(th.zeros(1, 2), th.zeros(2))
+    squashed = TanhSquashedDistribution(base, 0.0, "mc")
+    mean_net, log_std = squashed.proba_distribution_net(latent_dim=5, log_std_init=-1.0)
+    assert mean_net.in_features == 5 and mean_net.out_features == 2
+    assert th.equal(log_std.data, th.full((2,), -1.0))
+
+
+def test_scale_action_inverts_unscale_action_inside_the_float32_range():
+    from sb3_ppo_ext import PPOExt
+
+    model = PPOExt("MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=32)
+    u = np.array([[-3.0], [-0.5], [0.0], [2.0], [4.0]], dtype=np.float32)
+    actions = model.policy.unscale_action(u)
+    np.testing.assert_allclose(model.policy.scale_action(actions), u, rtol=1e-3, atol=1e-3)
+    # Saturated actions come back clamped at |u| <= 9 (float32 tanh saturates there), never inf.
+    assert np.isfinite(model.policy.scale_action(model.policy.unscale_action(np.array([[40.0]])))).all()
+    gaussian = PPOExt("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(squash_output=False))
+    np.testing.assert_allclose(gaussian.policy.scale_action(np.array([[1.0]], dtype=np.float32)), [[0.5]])
