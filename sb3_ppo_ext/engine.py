@@ -26,6 +26,7 @@ for the duration of an update (:func:`observed_batches`) without changing what i
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import math
 import os
@@ -41,7 +42,7 @@ from stable_baselines3.common.type_aliases import GymEnv, PyTorchObs
 from stable_baselines3.common.utils import explained_variance
 from torch.distributions import Normal
 
-from sb3_ppo_ext import losses
+from sb3_ppo_ext import losses, validation
 from sb3_ppo_ext.distributions import (
     analytic_kl,
     concat_distributions,
@@ -290,13 +291,80 @@ class ExtUpdateEngine:
         # ``_setup_model`` after restoring the saved attributes) keeps the saved value.
         self.current_kl_coef = self.kl_coef
 
+    @staticmethod
+    def _check_arguments(
+        clip_range: Any,
+        clip_range_vf: Any,
+        vf_clip_mode: Any,
+        kl_coef: Any,
+        kl_target: Any,
+        kl_adapt_factor: Any,
+        kl_adapt_tolerance: Any,
+        kl_coef_bounds: Any,
+        max_grad_norm: Any,
+        target_kl: Any,
+        check_schedules: bool = True,
+        **ppo_arguments: Any,
+    ) -> None:
+        """
+        Raise :class:`~sb3_ppo_ext.validation.InvalidSettingError` (a ``ValueError`` that is also an
+        ``AssertionError``, as PPO asserts some of these), naming the parameter, the value and what
+        is allowed, for any invalid argument. Numbers may be Python or numpy scalars.
+
+        :param check_schedules: whether to evaluate schedules at progress 1
+        :param ppo_arguments: further arguments of PPO to check, each optional: ``learning_rate``,
+            ``n_steps``, ``batch_size``, ``n_epochs``, ``gamma``, ``gae_lambda``, ``ent_coef``,
+            ``vf_coef``, ``normalize_advantage``, ``use_sde``, ``sde_sample_freq``, ``stats_window_size``
+        """
+        unknown = set(ppo_arguments) - set(validation.PPO_ARGUMENT_CHECKS)
+        if unknown:
+            raise TypeError(f"_check_arguments() got unexpected arguments {sorted(unknown)}")
+        for name, value in ppo_arguments.items():
+            validation.PPO_ARGUMENT_CHECKS[name](name, value)
+        if "learning_rate" in ppo_arguments:
+            validation.check_number_or_schedule(
+                "learning_rate", ppo_arguments["learning_rate"], check_schedule=check_schedules, strict=False
+            )
+        if ppo_arguments.get("normalize_advantage", True) and ppo_arguments.get("batch_size", 2) <= 1:
+            # PPO asserts the same: a one-sample minibatch has no advantage spread to normalise by.
+            raise validation.InvalidSettingError(
+                f"batch_size={ppo_arguments['batch_size']!r} is invalid with normalize_advantage=True: expected an int > 1 "
+                "(see https://github.com/DLR-RM/stable-baselines3/issues/440)"
+            )
+        validation.check_positive_or_schedule("clip_range", clip_range, allow_none=True, check_schedule=check_schedules)
+        validation.check_positive_or_schedule("clip_range_vf", clip_range_vf, allow_none=True, check_schedule=check_schedules)
+        validation.check_choice("vf_clip_mode", vf_clip_mode, losses.VF_CLIP_MODES)
+        if vf_clip_mode == "max" and clip_range_vf is None:
+            raise validation.InvalidSettingError(
+                "vf_clip_mode='max' needs clip_range_vf (a positive float or schedule); it is None"
+            )
+        kl_coef = validation.check_real("kl_coef", kl_coef, low=0.0, strict=False)
+        if kl_target is not None:
+            validation.check_real("kl_target", kl_target, low=0.0)
+            if kl_coef == 0:
+                raise validation.InvalidSettingError(
+                    f"kl_target={kl_target!r} needs kl_coef > 0 (the initial beta); with kl_coef=0 the penalty is off"
+                )
+        validation.check_real("kl_adapt_factor", kl_adapt_factor, low=1.0)
+        validation.check_real("kl_adapt_tolerance", kl_adapt_tolerance, low=1.0)
+        low, high = validation.check_real_pair("kl_coef_bounds", kl_coef_bounds)
+        if not low > 0:
+            raise validation.InvalidSettingError(
+                f"kl_coef_bounds={kl_coef_bounds!r} is invalid: expected finite 0 < min <= max"
+            )
+        if kl_target is not None and not low <= kl_coef <= high:
+            raise validation.InvalidSettingError(
+                f"kl_coef={kl_coef!r} must lie within kl_coef_bounds={kl_coef_bounds!r} when kl_target is set"
+            )
+        # inf is PPO's "no gradient clipping" and "no early stop": allowed, NaN is not.
+        validation.check_real("max_grad_norm", max_grad_norm, low=0.0, finite=False)
+        validation.optional_real("target_kl", target_kl, low=0.0, finite=False)
+
     def _setup_model(self) -> None:
         # Checked again here because ``load(path, **kwargs)`` overrides attributes without __init__.
         # Schedules are not evaluated: ``load``'s ``custom_objects`` may replace them for a model
         # that will not train (rl-zoo3's enjoy passes ``clip_range=lambda _: 0.0``).
-        from sb3_ppo_ext.ppo_ext import PPOExt  # the one owner of the extension checks
-
-        PPOExt._check_arguments(
+        self._check_arguments(
             check_schedules=False,
             clip_range=self.clip_range,
             clip_range_vf=self.clip_range_vf,
@@ -666,4 +734,16 @@ class ExtUpdateEngine:
             raise ModelFileError(f"{cls.__name__}.load: {path} does not fit the given env: {error}") from error
 
 
-__all__ = ["ExtUpdateEngine", "Minibatch", "NonFiniteLossError"]
+def checked_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
+    """
+    The arguments of an algorithm's ``__init__`` (its ``locals()``) that :meth:`ExtUpdateEngine._check_arguments`
+    checks: PPOExt, MaskablePPOExt and RecurrentPPOExt check their settings with the one owner.
+    """
+    names = (set(inspect.signature(ExtUpdateEngine._check_arguments).parameters) | set(validation.PPO_ARGUMENT_CHECKS)) - {
+        "check_schedules",
+        "ppo_arguments",
+    }
+    return {name: value for name, value in arguments.items() if name in names}
+
+
+__all__ = ["ExtUpdateEngine", "Minibatch", "NonFiniteLossError", "checked_arguments"]

@@ -16,8 +16,7 @@ from stable_baselines3.common.torch_layers import CombinedExtractor, NatureCNN
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, PyTorchObs, Schedule
 from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_ppo_ext.engine import ExtUpdateEngine, flat_observations, flat_rollout, index_observations
-from sb3_ppo_ext.ppo_ext import PPOExt, checked_arguments
+from sb3_ppo_ext.engine import ExtUpdateEngine, checked_arguments, flat_observations, flat_rollout, index_observations
 
 SelfMaskablePPOExt = TypeVar("SelfMaskablePPOExt", bound="MaskablePPOExt")
 
@@ -196,7 +195,7 @@ class MaskablePPOExt(ExtUpdateEngine, MaskablePPO):
         device: th.device | str = "auto",
         _init_setup_model: bool = True,
     ):
-        PPOExt._check_arguments(**checked_arguments(locals()))
+        self._check_arguments(**checked_arguments(locals()))
         super().__init__(
             policy,
             env,

@@ -34,6 +34,17 @@ def _check_squashable_bounds(action_space: spaces.Space) -> None:
         )
 
 
+def _check_boolean_kwargs(kwargs: dict[str, Any]) -> None:
+    """The boolean flags of ``ActorCriticPolicy`` among ``kwargs`` must be booleans (a string "false" is truthy)."""
+    for name in ("ortho_init", "share_features_extractor", "normalize_images"):
+        if name in kwargs:
+            check_bool(name, kwargs[name])
+    # SB3 saves the gSDE-only flags as None when gSDE is off (``_get_constructor_parameters``).
+    for name in ("full_std", "use_expln"):
+        if name in kwargs:
+            check_bool(name, kwargs[name], allow_none=True)
+
+
 class PPOExtActorCriticPolicy(ActorCriticPolicy):
     """
     SB3's ``ActorCriticPolicy`` with an exact tanh-squashed Gaussian head for ``Box`` actions.
@@ -97,13 +108,7 @@ class PPOExtActorCriticPolicy(ActorCriticPolicy):
         squash_output = check_bool("squash_output", squash_output, allow_none=True)
         state_dependent_std = bool(check_bool("state_dependent_std", state_dependent_std))
         use_sde = bool(check_bool("use_sde", kwargs.get("use_sde", False)))
-        for name in ("ortho_init", "share_features_extractor", "normalize_images"):
-            if name in kwargs:
-                check_bool(name, kwargs[name])
-        # SB3 saves the gSDE-only flags as None when gSDE is off (``_get_constructor_parameters``).
-        for name in ("full_std", "use_expln"):
-            if name in kwargs:
-                check_bool(name, kwargs[name], allow_none=True)
+        _check_boolean_kwargs(kwargs)
         if squash_output is None:
             squash_output = is_box
         if squash_output:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, ClassVar, TypeVar
 
 import torch as th
@@ -15,16 +14,10 @@ from stable_baselines3.common.type_aliases import (
     Schedule,
 )
 
-from sb3_ppo_ext import losses, validation
-from sb3_ppo_ext.engine import ExtUpdateEngine, NonFiniteLossError
+from sb3_ppo_ext.engine import ExtUpdateEngine, NonFiniteLossError, checked_arguments
 from sb3_ppo_ext.policies import CnnPolicy, MlpPolicy, MultiInputPolicy
 
 SelfPPOExt = TypeVar("SelfPPOExt", bound="PPOExt")
-
-
-def _positive_or_schedule(name: str, value: Any, allow_none: bool, check_schedule: bool = True) -> None:
-    """:func:`sb3_ppo_ext.validation.check_positive_or_schedule` (kept under this name for callers)."""
-    validation.check_positive_or_schedule(name, value, allow_none, check_schedule)
 
 
 class PPOExt(ExtUpdateEngine, PPO):
@@ -171,75 +164,6 @@ class PPOExt(ExtUpdateEngine, PPO):
         if _init_setup_model:
             self._setup_model()
 
-    @staticmethod
-    def _check_arguments(
-        clip_range: Any,
-        clip_range_vf: Any,
-        vf_clip_mode: Any,
-        kl_coef: Any,
-        kl_target: Any,
-        kl_adapt_factor: Any,
-        kl_adapt_tolerance: Any,
-        kl_coef_bounds: Any,
-        max_grad_norm: Any,
-        target_kl: Any,
-        check_schedules: bool = True,
-        **ppo_arguments: Any,
-    ) -> None:
-        """
-        Raise :class:`~sb3_ppo_ext.validation.InvalidSettingError` (a ``ValueError`` that is also an
-        ``AssertionError``, as PPO asserts some of these), naming the parameter, the value and what
-        is allowed, for any invalid argument. Numbers may be Python or numpy scalars.
-
-        :param check_schedules: whether to evaluate schedules at progress 1
-        :param ppo_arguments: further arguments of PPO to check, each optional: ``learning_rate``,
-            ``n_steps``, ``batch_size``, ``n_epochs``, ``gamma``, ``gae_lambda``, ``ent_coef``,
-            ``vf_coef``, ``normalize_advantage``, ``use_sde``, ``sde_sample_freq``, ``stats_window_size``
-        """
-        unknown = set(ppo_arguments) - set(validation.PPO_ARGUMENT_CHECKS)
-        if unknown:
-            raise TypeError(f"_check_arguments() got unexpected arguments {sorted(unknown)}")
-        for name, value in ppo_arguments.items():
-            validation.PPO_ARGUMENT_CHECKS[name](name, value)
-        if "learning_rate" in ppo_arguments:
-            validation.check_number_or_schedule(
-                "learning_rate", ppo_arguments["learning_rate"], check_schedule=check_schedules, strict=False
-            )
-        if ppo_arguments.get("normalize_advantage", True) and ppo_arguments.get("batch_size", 2) <= 1:
-            # PPO asserts the same: a one-sample minibatch has no advantage spread to normalise by.
-            raise validation.InvalidSettingError(
-                f"batch_size={ppo_arguments['batch_size']!r} is invalid with normalize_advantage=True: expected an int > 1 "
-                "(see https://github.com/DLR-RM/stable-baselines3/issues/440)"
-            )
-        _positive_or_schedule("clip_range", clip_range, allow_none=True, check_schedule=check_schedules)
-        _positive_or_schedule("clip_range_vf", clip_range_vf, allow_none=True, check_schedule=check_schedules)
-        validation.check_choice("vf_clip_mode", vf_clip_mode, losses.VF_CLIP_MODES)
-        if vf_clip_mode == "max" and clip_range_vf is None:
-            raise validation.InvalidSettingError(
-                "vf_clip_mode='max' needs clip_range_vf (a positive float or schedule); it is None"
-            )
-        kl_coef = validation.check_real("kl_coef", kl_coef, low=0.0, strict=False)
-        if kl_target is not None:
-            validation.check_real("kl_target", kl_target, low=0.0)
-            if kl_coef == 0:
-                raise validation.InvalidSettingError(
-                    f"kl_target={kl_target!r} needs kl_coef > 0 (the initial beta); with kl_coef=0 the penalty is off"
-                )
-        validation.check_real("kl_adapt_factor", kl_adapt_factor, low=1.0)
-        validation.check_real("kl_adapt_tolerance", kl_adapt_tolerance, low=1.0)
-        low, high = validation.check_real_pair("kl_coef_bounds", kl_coef_bounds)
-        if not low > 0:
-            raise validation.InvalidSettingError(
-                f"kl_coef_bounds={kl_coef_bounds!r} is invalid: expected finite 0 < min <= max"
-            )
-        if kl_target is not None and not low <= kl_coef <= high:
-            raise validation.InvalidSettingError(
-                f"kl_coef={kl_coef!r} must lie within kl_coef_bounds={kl_coef_bounds!r} when kl_target is set"
-            )
-        # inf is PPO's "no gradient clipping" and "no early stop": allowed, NaN is not.
-        validation.check_real("max_grad_norm", max_grad_norm, low=0.0, finite=False)
-        validation.optional_real("target_kl", target_kl, low=0.0, finite=False)
-
     def _maybe_recommend_cpu(self, mlp_class_name: str = "ActorCriticPolicy") -> None:
         """SB3's recommendation to train an MLP policy on the CPU, which recognises the MLP policy by its class name."""
         if self.policy_class is MlpPolicy:
@@ -264,16 +188,5 @@ class PPOExt(ExtUpdateEngine, PPO):
             progress_bar=progress_bar,
         )
 
-def checked_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
-    """
-    The arguments of an algorithm's ``__init__`` (its ``locals()``) that :meth:`PPOExt._check_arguments`
-    checks: PPOExt, MaskablePPOExt and RecurrentPPOExt check their settings with the one owner.
-    """
-    names = (set(inspect.signature(PPOExt._check_arguments).parameters) | set(validation.PPO_ARGUMENT_CHECKS)) - {
-        "check_schedules",
-        "ppo_arguments",
-    }
-    return {name: value for name, value in arguments.items() if name in names}
 
-
-__all__ = ["NonFiniteLossError", "PPOExt", "checked_arguments"]
+__all__ = ["NonFiniteLossError", "PPOExt"]

@@ -20,9 +20,8 @@ from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppo_ext.distributions import torch_distributions
-from sb3_ppo_ext.engine import ExtUpdateEngine, flat_observations, flat_rollout
+from sb3_ppo_ext.engine import ExtUpdateEngine, checked_arguments, flat_observations, flat_rollout
 from sb3_ppo_ext.policies import PPOExtActorCriticPolicy
-from sb3_ppo_ext.ppo_ext import PPOExt, checked_arguments
 
 SelfRecurrentPPOExt = TypeVar("SelfRecurrentPPOExt", bound="RecurrentPPOExt")
 
@@ -205,7 +204,7 @@ class RecurrentPPOExt(ExtUpdateEngine, RecurrentPPO):
         device: th.device | str = "auto",
         _init_setup_model: bool = True,
     ):
-        PPOExt._check_arguments(**checked_arguments(locals()))
+        self._check_arguments(**checked_arguments(locals()))
         super().__init__(
             policy,
             env,

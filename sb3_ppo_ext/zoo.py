@@ -216,11 +216,9 @@ def _patch_experiment_manager(exp_manager: ModuleType) -> None:
     if manager_class.__dict__.get(_PATCHED, False):
         return
     original_init = manager_class.__init__
-    original_preprocess = manager_class._preprocess_hyperparams
     original_setup = manager_class.setup_experiment
     original_optimization = manager_class.hyperparameters_optimization
     original_load_trial = manager_class.load_trial
-    original_read = manager_class.read_hyperparameters
     init_signature = inspect.signature(original_init)
 
     @functools.wraps(original_init)
@@ -231,36 +229,6 @@ def _patch_experiment_manager(exp_manager: ModuleType) -> None:
             # rl-zoo3 looks for <rl_zoo3 package>/hyperparams/<algo>.yml; ours ship in sb3_ppo_ext.
             bound.arguments["config"] = str(settings.ALGORITHMS[algo].hyperparams)
         original_init(*bound.args, **bound.kwargs)
-
-    @functools.wraps(original_preprocess)
-    def _preprocess_hyperparams(self, hyperparams):
-        if not is_ours(self.algo):
-            return original_preprocess(self, hyperparams)
-        # rl-zoo3 turns clip_range / clip_range_vf into schedules and rejects None, which for
-        # PPOExt means "off" (clip_range: null is the KL-penalty-only objective): keep them aside.
-        switched_off = {
-            key: None for key in ("clip_range", "clip_range_vf") if key in hyperparams and hyperparams[key] is None
-        }
-        hyperparams, *rest = original_preprocess(self, {k: v for k, v in hyperparams.items() if k not in switched_off})
-        hyperparams = check_hyperparams(
-            {**hyperparams, **switched_off}, f"{self.config} (env {self.env_name.gym_id})", self.algo
-        )
-        return (hyperparams, *rest)
-
-    @functools.wraps(original_read)
-    def read_hyperparameters(self):
-        if not is_ours(self.algo):
-            return original_read(self)
-        # Checked before rl-zoo3 merges -params, parses schedules or evaluates strings.
-        source = _check_settings_before_zoo(self)
-        hyperparams, saved_hyperparams = original_read(self)
-        if not isinstance(hyperparams, dict):  # an entry of a .py conf file
-            raise ZooConfigError(f"invalid {self.algo} hyperparameters in {source}: expected a mapping of settings")
-        # The merged settings (file, trial, -params) as a whole: the rules that tie parameters together.
-        problems = settings.entry_problems(hyperparams, self.algo)
-        if problems:
-            raise ZooConfigError(f"invalid {self.algo} hyperparameters in {source}: {'; '.join(problems)}")
-        return hyperparams, saved_hyperparams
 
     @functools.wraps(original_setup)
     def setup_experiment(self):
@@ -305,8 +273,7 @@ def _patch_experiment_manager(exp_manager: ModuleType) -> None:
             _remove_run_without_model(self.save_path)
 
     manager_class.__init__ = __init__
-    manager_class._preprocess_hyperparams = _preprocess_hyperparams
-    manager_class.read_hyperparameters = read_hyperparameters
+    _patch_settings_checks(manager_class)
     manager_class.setup_experiment = setup_experiment
     manager_class.hyperparameters_optimization = hyperparameters_optimization
     manager_class.load_trial = load_trial
@@ -314,6 +281,45 @@ def _patch_experiment_manager(exp_manager: ModuleType) -> None:
     setattr(manager_class, _PATCHED, True)
     if not getattr(sys.excepthook, _PATCHED, False):
         sys.excepthook = _print_settings_errors(sys.excepthook)
+
+
+def _patch_settings_checks(manager_class: Any) -> None:
+    """The settings owner's checks: before rl-zoo3 reads the settings, and after it has preprocessed them."""
+    original_preprocess = manager_class._preprocess_hyperparams
+    original_read = manager_class.read_hyperparameters
+
+    @functools.wraps(original_preprocess)
+    def _preprocess_hyperparams(self, hyperparams):
+        if not is_ours(self.algo):
+            return original_preprocess(self, hyperparams)
+        # rl-zoo3 turns clip_range / clip_range_vf into schedules and rejects None, which for
+        # PPOExt means "off" (clip_range: null is the KL-penalty-only objective): keep them aside.
+        switched_off = {
+            key: None for key in ("clip_range", "clip_range_vf") if key in hyperparams and hyperparams[key] is None
+        }
+        hyperparams, *rest = original_preprocess(self, {k: v for k, v in hyperparams.items() if k not in switched_off})
+        hyperparams = check_hyperparams(
+            {**hyperparams, **switched_off}, f"{self.config} (env {self.env_name.gym_id})", self.algo
+        )
+        return (hyperparams, *rest)
+
+    @functools.wraps(original_read)
+    def read_hyperparameters(self):
+        if not is_ours(self.algo):
+            return original_read(self)
+        # Checked before rl-zoo3 merges -params, parses schedules or evaluates strings.
+        source = _check_settings_before_zoo(self)
+        hyperparams, saved_hyperparams = original_read(self)
+        if not isinstance(hyperparams, dict):  # an entry of a .py conf file
+            raise ZooConfigError(f"invalid {self.algo} hyperparameters in {source}: expected a mapping of settings")
+        # The merged settings (file, trial, -params) as a whole: the rules that tie parameters together.
+        problems = settings.entry_problems(hyperparams, self.algo)
+        if problems:
+            raise ZooConfigError(f"invalid {self.algo} hyperparameters in {source}: {'; '.join(problems)}")
+        return hyperparams, saved_hyperparams
+
+    manager_class._preprocess_hyperparams = _preprocess_hyperparams
+    manager_class.read_hyperparameters = read_hyperparameters
 
 
 def _patch_checkpoints_and_resume(manager_class: Any) -> None:

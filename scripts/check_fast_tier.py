@@ -50,7 +50,12 @@ class PublicCode:
 def _body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> frozenset[int]:
     """The lines of a function's body, docstring excluded (its ``def`` line runs at import)."""
     body = node.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
         body = body[1:] or body  # a function that is only a docstring: judge the docstring line
     return frozenset(range(body[0].lineno, (body[-1].end_lineno or body[-1].lineno) + 1))
 
@@ -135,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", default="auto", help="pytest-xdist workers (-n), default auto")
     parser.add_argument("--max-seconds", type=float, default=None, help="fail if the tier takes longer")
     parser.add_argument("--data", type=Path, default=None, help="judge this coverage data file instead of running the tier")
-    parser.add_argument("--keep-data", type=Path, default=None, help="write the tier's coverage data to this file (default: a temporary one)")
+    parser.add_argument(
+        "--keep-data", type=Path, default=None, help="write the tier's coverage data to this file (default: a temporary one)"
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
         data_file = args.data

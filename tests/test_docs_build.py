@@ -16,7 +16,9 @@ check_fast_tier = runpy.run_path(str(REPO_ROOT / "scripts" / "check_fast_tier.py
 @pytest.mark.integration  # Sphinx in a subprocess: every page and the API reference of every module
 def test_sphinx_build_without_warnings(tmp_path: Path):
     command = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-b", "html", "-d", str(tmp_path / "doctrees")]
-    result = subprocess.run([*command, "docs", str(tmp_path / "html")], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [*command, "docs", str(tmp_path / "html")], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     html = tmp_path / "html"
     for page in ("index", "BENCHMARKS", "RELIABILITY", "guide/callbacks", "algorithms/ppo_ext", "api/sb3_ppo_ext.ppo_ext"):

@@ -32,11 +32,11 @@ import shlex
 import subprocess
 import sys
 import textwrap
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch as th
 import yaml
 
@@ -45,8 +45,13 @@ import sb3_ppo_ext
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCS = REPO_ROOT / "docs"
 # docs/benchmarks/ holds the benchmark report's data and notes, not pages of the site.
-DOC_FILES = [REPO_ROOT / "README.md", *sorted(p for p in DOCS.rglob("*.md") if not p.relative_to(DOCS).parts[0] in {"benchmarks", "_build", "api"})]
-FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,})(?P<info>[^\n`]*)\n(?P<body>.*?)^(?P=indent)(?P=fence)[ \t]*$", re.M | re.S)
+DOC_FILES = [
+    REPO_ROOT / "README.md",
+    *sorted(p for p in DOCS.rglob("*.md") if p.relative_to(DOCS).parts[0] not in {"benchmarks", "_build", "api"}),
+]
+FENCE = re.compile(
+    r"^(?P<indent>[ \t]*)(?P<fence>`{3,})(?P<info>[^\n`]*)\n(?P<body>.*?)^(?P=indent)(?P=fence)[ \t]*$", re.M | re.S
+)
 
 # Shell commands a page shows but this test does not run, and why.
 NOT_EXECUTED = {
@@ -92,7 +97,9 @@ def blocks_of(language: str) -> list:
 
 def test_every_block_has_a_language_this_test_runs():
     assert len(DOC_FILES) > 10 and len(ALL_BLOCKS) > 20
-    unknown = [b.id for b in ALL_BLOCKS if b.language not in {"python", "bash", "yaml", "text"} and not b.language.startswith("{")]
+    unknown = [
+        b.id for b in ALL_BLOCKS if b.language not in {"python", "bash", "yaml", "text"} and not b.language.startswith("{")
+    ]
     assert unknown == []
 
 

@@ -37,7 +37,7 @@ def test_validators_accept_numpy_scalars_and_reject_bools_and_strings():
         check_int("n", 2.0)
     with pytest.raises(InvalidSettingError, match="a string is not a boolean"):
         check_bool("b", "false")
-    with pytest.raises(InvalidSettingError, match="expected .min, max. numbers"):
+    with pytest.raises(InvalidSettingError, match=r"expected .min, max. numbers"):
         check_real_pair("p", (1.0,))
     with pytest.raises(InvalidSettingError, match="schedule whose initial value -1"):
         check_number_or_schedule("lr", lambda _: -1.0)

@@ -125,7 +125,10 @@ def test_train_with_params_save_freq_and_continue_with_i(tmp_path: Path, hook_st
 @pytest.mark.integration  # rl-zoo3 in subprocesses
 def test_malformed_params_fail_as_in_rl_zoo3(tmp_path: Path, hook_states: dict[bool, str]):
     """For ``--algo ppo`` a malformed ``-params`` value is rl-zoo3's own error (our argparse message is for ours only)."""
-    for order in ([*TRAIN, "-params", "n_steps:("], [sys.executable, "-m", "rl_zoo3.train", "-params", "n_steps:(", "--algo", "ppo"]):
+    for order in (
+        [*TRAIN, "-params", "n_steps:("],
+        [sys.executable, "-m", "rl_zoo3.train", "-params", "n_steps:(", "--algo", "ppo"],
+    ):
         folder = tmp_path / str(len(list(tmp_path.iterdir())))
         folder.mkdir()
         results = {hook: _run(order, folder, hook) for hook in (True, False)}
