@@ -578,33 +578,37 @@ class ExtUpdateEngine:
         continue_training = True
         epochs_completed = 0
         for epoch in range(self.n_epochs):
-            for batch in self._minibatches():
-                terms = self.minibatch_losses(
-                    batch, old_distributions if kl_coef > 0 else None, clip_range, clip_range_vf, kl_coef
-                )
-                loss, approx_kl = terms["loss"], terms["approx_kl"]
-                stats.add_mean(float(len(batch.rows)), **{k: v for k, v in terms.items() if k != "ratio"})
-                stats.add_extremes("ratio", terms["ratio"])
+            # Closed explicitly (also after an early stop or an error): the buffer observer is removed.
+            batches = self._minibatches()
+            try:
+                for batch in batches:
+                    terms = self.minibatch_losses(
+                        batch, old_distributions if kl_coef > 0 else None, clip_range, clip_range_vf, kl_coef
+                    )
+                    loss, approx_kl = terms["loss"], terms["approx_kl"]
+                    stats.add_mean(float(len(batch.rows)), **{k: v for k, v in terms.items() if k != "ratio"})
+                    stats.add_extremes("ratio", terms["ratio"])
 
-                # One host read instead of th.isfinite's element-wise ops (the same test on a scalar).
-                if not math.isfinite(loss.item()):
-                    self._raise_non_finite("loss", epoch, terms)
+                    # One host read instead of th.isfinite's element-wise ops (the same test on a scalar).
+                    if not math.isfinite(loss.item()):
+                        self._raise_non_finite("loss", epoch, terms)
 
-                # Early stopping on SB3's criterion, see SB3 issue #417 and PR #419
-                if self.target_kl is not None and approx_kl > 1.5 * self.target_kl:
-                    continue_training = False
-                    if self.verbose >= 1:
-                        self.logger.info(f"Early stopping at step {epoch} due to reaching max kl: {approx_kl.item():.2f}")
-                    break
+                    # Early stopping on SB3's criterion, see SB3 issue #417 and PR #419
+                    if self.target_kl is not None and approx_kl > 1.5 * self.target_kl:
+                        continue_training = False
+                        if self.verbose >= 1:
+                            self.logger.info(f"Early stopping at step {epoch} due to reaching max kl: {approx_kl.item():.2f}")
+                        break
 
-                self.policy.optimizer.zero_grad()
-                loss.backward()
-                grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
-                if not math.isfinite(grad_norm.item()):
-                    self._raise_non_finite("gradient", epoch, dict(grad_norm=grad_norm, loss=loss))
-                grad_norms.append(grad_norm.detach())
-                self.policy.optimizer.step()
-
+                    self.policy.optimizer.zero_grad()
+                    loss.backward()
+                    grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+                    if not math.isfinite(grad_norm.item()):
+                        self._raise_non_finite("gradient", epoch, dict(grad_norm=grad_norm, loss=loss))
+                    grad_norms.append(grad_norm.detach())
+                    self.policy.optimizer.step()
+            finally:
+                batches.close()
             self._n_updates += 1
             if not continue_training:
                 break

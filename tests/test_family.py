@@ -540,3 +540,26 @@ def _evaluation_inputs(model):
     if isinstance(model, MaskablePPOExt):
         return samples.observations, actions, samples.action_masks
     return samples.observations, actions, samples.lstm_states, samples.episode_starts
+
+
+def test_the_buffer_observers_are_removed_after_early_stops_and_errors():
+    """The engine's observers on the rollout buffer (add, _get_samples) never outlive a collection or an update."""
+    model = quiet(PPOExt("MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=16, target_kl=1e-9, learning_rate=1e-2))
+    model.learn(128)
+    assert model.logger.name_to_value["train/epochs_completed"] < 10  # stopped early
+    assert not {"add", "_get_samples"} & set(vars(model.rollout_buffer))
+
+    class NanRewardEnv(RecordingBoxEnv):
+        def step(self, action):
+            obs, _, terminated, truncated, info = super().step(action)
+            return obs, float("nan"), terminated, truncated, info
+
+    model = MaskablePPOExt("MlpPolicy", MASK_ENVS["discrete"](), **MASK_TINY)
+    model.train = lambda: (_ for _ in ()).throw(NonFiniteLossError("stop"))  # an update that fails
+    with pytest.raises(NonFiniteLossError):
+        model.learn(64)
+    assert not {"add", "_get_samples"} & set(vars(model.rollout_buffer))
+    model = RecurrentPPOExt("MlpLstmPolicy", NanRewardEnv(), policy_kwargs=LSTM_POLICY, **LSTM_TINY)
+    with pytest.raises(NonFiniteLossError):
+        model.learn(32)
+    assert not {"add", "_get_samples"} & set(vars(model.rollout_buffer))
