@@ -224,6 +224,8 @@ class RolloutDistributions:
         step_major = concat_distributions([self._steps[step] for step in range(n_steps)])
         if len(step_major) == 0 or step_major[0].batch_shape[0] != n_steps * n_envs:
             return None
+        if n_envs == 1:  # one env: step-major is environment-major
+            return step_major
         # row t * n_envs + e (step-major) -> row e * n_steps + t (environment-major, as swap_and_flatten)
         order = (th.arange(n_steps).unsqueeze(0) * n_envs + th.arange(n_envs).unsqueeze(1)).flatten()
         return [index_distribution(dist, order.to(_device_of(dist))) for dist in step_major]
@@ -670,9 +672,9 @@ class ExtUpdateEngine:
         if std is not None:
             record("train/std", std)
         if getattr(self.policy, "squash_output", False) and isinstance(self.action_space, spaces.Box):
-            actions = self.rollout_buffer.to_torch(flat_rollout(self.rollout_buffer, self.rollout_buffer.actions))
-            saturated = th.abs(th.tanh(actions)) > SATURATION_THRESHOLD
-            record("train/action_saturation", float(saturated.float().mean().item()))
+            # A mean over every stored pre-squash action: no need to flatten the buffer or copy it into torch.
+            saturated = np.abs(np.tanh(self.rollout_buffer.actions)) > SATURATION_THRESHOLD
+            record("train/action_saturation", float(saturated.mean()))
         explained_var = explained_variance(self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten())
         record("train/explained_variance", explained_var)
         record("train/n_updates", self._n_updates, exclude="tensorboard")

@@ -563,3 +563,34 @@ def test_the_buffer_observers_are_removed_after_early_stops_and_errors():
     with pytest.raises(NonFiniteLossError):
         model.learn(32)
     assert not {"add", "_get_samples"} & set(vars(model.rollout_buffer))
+
+
+@pytest.mark.parametrize("n_envs", [1, 3])
+@pytest.mark.parametrize("family", ["ppo", "maskable", "recurrent"])
+def test_pi_old_recorded_during_collection_equals_a_recomputation(family, n_envs):
+    """The distributions kept at collection are the policy's on every rollout row, in the buffer's row order."""
+    if family == "maskable":
+        env = make_vec_env(MASK_ENVS["multidiscrete"], n_envs=n_envs, seed=0)
+        model = MaskablePPOExt("MlpPolicy", env, n_steps=16, batch_size=16, seed=0)
+    elif family == "recurrent":
+        env = make_vec_env("Pendulum-v1", n_envs=n_envs, seed=0)
+        model = RecurrentPPOExt("MlpLstmPolicy", env, n_steps=16, batch_size=16, seed=0, policy_kwargs=LSTM_POLICY)
+    else:
+        model = PPOExt("MlpPolicy", make_vec_env("Pendulum-v1", n_envs=n_envs, seed=0), n_steps=16, batch_size=16, seed=0)
+    compared = []
+    original = model.train
+
+    def train():
+        recorded = model._collected.distributions(model.rollout_buffer)
+        recomputed = model._rollout_distributions()
+        assert recorded is not None
+        for got, want in zip(recorded, recomputed, strict=True):
+            params = ("loc", "scale") if isinstance(want, Normal) else ("logits",)
+            for name in params:
+                th.testing.assert_close(getattr(got, name), getattr(want, name), rtol=1e-5, atol=1e-5)
+        compared.append(True)
+        original()
+
+    model.train = train
+    model.learn(32 * n_envs)
+    assert len(compared) == 2
