@@ -69,3 +69,4 @@ def test_throughput_families_and_the_report_targets(tmp_path):
     assert "| MaskablePPOExt @ InvalidActionEnvDiscrete (all diagnostics on) |" in targets
     assert "| RecurrentPPOExt, squash on @ Pendulum-v1 (all diagnostics on) |" in targets
     assert "| throughput ratio ≥ 0.98 | PPOExt, squash off | not measured yet | — |" in targets
+    assert "(best) (all diagnostics on)" not in targets  # one row per measurement, the best runs inside it
