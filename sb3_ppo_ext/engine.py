@@ -56,7 +56,8 @@ from sb3_ppo_ext.reliability import ModelFileError, atomic_path, check_model_fil
 
 # Threshold on |a| (in [-1, 1] units) above which a squashed action component counts as saturated.
 SATURATION_THRESHOLD = 0.99
-# Rows per forward pass when computing the whole rollout's distributions before and after an update.
+# Rows per forward pass when computing the whole rollout's distributions after an update (and before
+# it when they were not recorded during collection).
 DISTRIBUTION_CHUNK = 2048
 
 
@@ -171,8 +172,8 @@ class RolloutDistributions:
     """
     ``pi_old`` as the policy computed it while collecting the rollout, one entry per step.
 
-    While :meth:`recording` is open, a forward hook keeps the (detached) distribution of each
-    ``policy(obs)`` call, and the buffer's ``add`` files it under the step being added when the
+    While :meth:`recording` is open, a forward hook keeps the distribution of each ``policy(obs)``
+    call (collection runs without autograd, so there is nothing to detach), and the buffer's ``add`` files it under the step being added when the
     ``log_prob`` it stores is the very tensor that forward returned (so a forward call of anyone
     else in between, e.g. a callback's, is never mistaken for the rollout's). :meth:`distributions`
     assembles them in the buffer's flattened row order, or returns ``None`` when a step is missing
