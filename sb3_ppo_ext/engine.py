@@ -173,9 +173,10 @@ class RolloutDistributions:
     ``pi_old`` as the policy computed it while collecting the rollout, one entry per step.
 
     While :meth:`recording` is open, a forward hook keeps the distribution of each ``policy(obs)``
-    call (collection runs without autograd, so there is nothing to detach), and the buffer's ``add`` files it under the step being added when the
-    ``log_prob`` it stores is the very tensor that forward returned (so a forward call of anyone
-    else in between, e.g. a callback's, is never mistaken for the rollout's). :meth:`distributions`
+    call (collection runs without autograd, so there is nothing to detach), and the buffer's
+    ``add`` files it under the step being added when the ``log_prob`` it stores is the very tensor
+    that forward returned (so a forward call of anyone else in between, e.g. a callback's, is never
+    mistaken for the rollout's). :meth:`distributions`
     assembles them in the buffer's flattened row order, or returns ``None`` when a step is missing
     (a policy without SB3's ``action_dist``, a rollout collected otherwise): the engine then
     recomputes ``pi_old`` with a forward pass over the rollout.
