@@ -18,6 +18,7 @@ from torch.distributions import AffineTransform, Normal, TanhTransform, Transfor
 from sb3_ppo_ext.distributions import (
     TanhSquashedDistribution,
     analytic_kl,
+    detach_distributions,
     index_distribution,
     indexed_analytic_kl,
     log_tanh_jacobian,
@@ -306,3 +307,13 @@ def test_scale_action_inverts_unscale_action_inside_the_float32_range():
     assert np.isfinite(model.policy.scale_action(model.policy.unscale_action(np.array([[40.0]])))).all()
     gaussian = PPOExt("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(squash_output=False))
     np.testing.assert_allclose(gaussian.policy.scale_action(np.array([[1.0]], dtype=np.float32)), [[0.5]])
+
+
+def test_detach_distributions_copies_parameters_without_their_graph():
+    loc = th.zeros(3, 2, requires_grad=True)
+    logits = th.zeros(3, 4, requires_grad=True)
+    dists = [Normal(loc * 2, (loc + 1).exp()), th.distributions.Categorical(logits=logits * 3)]
+    detached = detach_distributions(dists)
+    assert not detached[0].loc.requires_grad and not detached[0].scale.requires_grad
+    assert not detached[1].logits.requires_grad
+    assert th.equal(detached[0].loc, dists[0].loc) and th.equal(detached[1].logits, dists[1].logits)

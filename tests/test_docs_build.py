@@ -76,6 +76,17 @@ def test_check_fast_tier_judges_bodies_not_def_lines(tmp_path: Path):
     assert missing == ["mod.unused", "mod.Thing.method"]
 
 
+def test_check_fast_tier_counts_an_installed_copy_of_a_repository_file():
+    """CI installs the package (not editable): the startup hook runs from site-packages, and counts there."""
+    hook = REPO_ROOT / "sb3_ppo_ext_zoo_hook.py"
+    installed = "/venv/lib/python3.11/site-packages/sb3_ppo_ext_zoo_hook.py"
+    none_ran, _, judged = check_fast_tier["not_run"]({}, [(hook, "sb3_ppo_ext_zoo_hook")])
+    assert judged > 0 and len(none_ran) == judged
+    all_lines = set(range(1, len(hook.read_text().splitlines()) + 1))
+    missing, _, _ = check_fast_tier["not_run"]({installed: all_lines}, [(hook, "sb3_ppo_ext_zoo_hook")])
+    assert missing == []
+
+
 @pytest.mark.integration  # runs the whole fast tier again, under coverage, in a subprocess
 def test_fast_tier_runs_every_public_function():
     result = subprocess.run(
