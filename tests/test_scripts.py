@@ -5,6 +5,8 @@ import runpy
 import statistics
 from pathlib import Path
 
+import pytest
+
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
@@ -70,3 +72,18 @@ def test_throughput_families_and_the_report_targets(tmp_path):
     assert "| RecurrentPPOExt, squash on @ Pendulum-v1 (all diagnostics on) |" in targets
     assert "| throughput ratio ≥ 0.98 | PPOExt, squash off | not measured yet | — |" in targets
     assert "(best) (all diagnostics on)" not in targets  # one row per measurement, the best runs inside it
+
+
+def test_upstream_tests_command_selects_the_replaced_classes_tests():
+    upstream = runpy.run_path(str(SCRIPTS / "upstream_tests.py"))
+    command = upstream["pytest_command"]("sb3", Path("/tmp/x"), 2)
+    assert command[command.index("-k") + 1] == "PPOExt or ppo or PPO"
+    assert "--deselect=tests/test_run.py::test_ppo_warnings" in command and command[-2:] == ["-n", "2"]
+    assert "-n" not in upstream["pytest_command"]("sb3-contrib", Path("/tmp/x"), 1)
+    assert "MaskablePPO = MaskablePPOExt" in upstream["SUITES"]["sb3-contrib"][1]
+
+
+@pytest.mark.slow  # downloads both sdists from PyPI and runs 166 upstream tests (about 2 minutes on 2 cores)
+def test_upstream_suites_pass_with_the_ext_classes():
+    upstream = runpy.run_path(str(SCRIPTS / "upstream_tests.py"))
+    assert upstream["main"](["--workers", "2"]) == 0

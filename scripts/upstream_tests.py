@@ -1,0 +1,106 @@
+"""Run SB3's and sb3-contrib's own test suites with the Ext classes in place of PPO, MaskablePPO and RecurrentPPO.
+
+Downloads the source distributions of the installed ``stable-baselines3`` and ``sb3-contrib``
+from PyPI (``pip download --no-binary :all: --no-deps``; nothing of theirs is kept in this
+repository), writes a ``conftest.py`` into each ``tests/`` folder that replaces the upstream
+class by its Ext class wherever the tests import it from (``stable_baselines3.PPO``,
+``sb3_contrib.MaskablePPO``, ...), and runs the tests that exercise those classes with pytest.
+The Ext classes run with their defaults (the squashed head on for Box actions, as a user gets it).
+
+    python scripts/upstream_tests.py                 # both suites, 2 pytest workers
+    python scripts/upstream_tests.py --suite sb3-contrib --workers 1
+
+Known differences, by design and not failures of the drop-in: SB3's ``test_ppo_warnings`` expects
+the GPU warning to name ``PPO`` (it names the class, ``PPOExt``), and ``test_tensorboard[ppo]``
+expects the default TensorBoard run folder ``PPO_1`` (it is ``PPOExt_1``, as MaskablePPO's is
+``MaskablePPO_1``). Both are listed in ``EXPECTED_DIFFERENCES`` and reported apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+# suite -> (PyPI distribution, conftest text, pytest -k expression selecting the tests of the replaced classes)
+SUITES = {
+    "sb3": (
+        "stable-baselines3",
+        "import stable_baselines3\nimport stable_baselines3.ppo\nfrom sb3_ppo_ext import PPOExt\n\n"
+        "stable_baselines3.PPO = PPOExt\nstable_baselines3.ppo.PPO = PPOExt\n",
+        "PPOExt or ppo or PPO",
+    ),
+    "sb3-contrib": (
+        "sb3-contrib",
+        "import sb3_contrib\nimport sb3_contrib.ppo_mask\nimport sb3_contrib.ppo_recurrent\n"
+        "from sb3_ppo_ext import MaskablePPOExt, RecurrentPPOExt\n\n"
+        "for module in (sb3_contrib, sb3_contrib.ppo_mask, sb3_contrib.ppo_recurrent):\n"
+        "    module.MaskablePPO = MaskablePPOExt\n    module.RecurrentPPO = RecurrentPPOExt\n",
+        "Maskable or Recurrent or mask or lstm or recurrent",
+    ),
+}
+# Upstream tests that check the upstream class's *name* (in a message, a log folder), not behaviour.
+EXPECTED_DIFFERENCES = {
+    "sb3": ["tests/test_run.py::test_ppo_warnings", "tests/test_tensorboard.py::test_tensorboard[ppo]"],
+    "sb3-contrib": [],
+}
+# Test modules that need packages this project does not install (Atari's ale_py).
+IGNORED_MODULES = {"sb3": ["tests/test_utils.py"], "sb3-contrib": []}
+
+
+def unpack_sdist(distribution: str, folder: Path) -> Path:
+    """Download and unpack the sdist of the installed version of ``distribution``; return its root."""
+    version = importlib.metadata.version(distribution)
+    command = [sys.executable, "-m", "pip", "download", f"{distribution}=={version}", "--no-binary", ":all:"]
+    subprocess.run([*command, "--no-deps", "--quiet", "-d", str(folder)], check=True)
+    archive = next(folder.glob("*.tar.gz"))
+    with tarfile.open(archive) as tar:
+        tar.extractall(folder, filter="data")
+    return next(path for path in folder.iterdir() if path.is_dir())
+
+
+def pytest_command(suite: str, root: Path, workers: int) -> list[str]:
+    """The pytest command that runs ``suite``'s tests of the replaced classes, the known differences deselected."""
+    _, _, selection = SUITES[suite]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", selection, "tests"]
+    command += [f"--deselect={test}" for test in EXPECTED_DIFFERENCES[suite]]
+    command += [f"--ignore={module}" for module in IGNORED_MODULES[suite]]
+    return [*command, "-n", str(workers)] if workers > 1 else command
+
+
+def run_suite(suite: str, workers: int) -> int:
+    """Download ``suite``, substitute the Ext classes, run its tests; return pytest's exit status."""
+    distribution, conftest, _ = SUITES[suite]
+    with tempfile.TemporaryDirectory(prefix="upstream_tests_") as folder:
+        root = unpack_sdist(distribution, Path(folder))
+        # The tests must import the installed package, not the sdist's copy next to them.
+        package = root / distribution.replace("-", "_")
+        if package.is_dir():
+            os.rename(package, root / f"{package.name}_sdist")
+        (root / "tests" / "conftest.py").write_text(conftest)
+        print(f"{distribution} {importlib.metadata.version(distribution)}: {' '.join(pytest_command(suite, root, workers))}")
+        status = subprocess.run(pytest_command(suite, root, workers), cwd=root, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if EXPECTED_DIFFERENCES[suite]:
+            print(f"deselected (they check the upstream class's name): {', '.join(EXPECTED_DIFFERENCES[suite])}")
+        return status.returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", choices=[*SUITES, "all"], default="all")
+    parser.add_argument("--workers", type=int, default=2, help="pytest-xdist workers (1: no xdist)")
+    args = parser.parse_args(argv)
+    suites = list(SUITES) if args.suite == "all" else [args.suite]
+    statuses = {suite: run_suite(suite, args.workers) for suite in suites}
+    for suite, status in statuses.items():
+        print(f"{suite}: {'passed' if status == 0 else f'FAILED (pytest exit {status})'}")
+    return max(statuses.values())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
