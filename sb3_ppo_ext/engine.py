@@ -283,7 +283,12 @@ class ExtUpdateEngine:
         kl_adapt_tolerance: float,
         kl_coef_bounds: tuple[float, float],
     ) -> None:
-        """Store the (already checked) extension settings; called by each algorithm's ``__init__``."""
+        """
+        Store the (already checked) extension settings; called by each algorithm's ``__init__`` after
+        upstream's. numpy integers are accepted for ``n_steps``, ``batch_size`` and ``n_epochs`` (as by
+        upstream); they are kept as Python ints for the update's index arithmetic.
+        """
+        self.n_steps, self.batch_size, self.n_epochs = int(self.n_steps), int(self.batch_size), int(self.n_epochs)
         self.vf_clip_mode = vf_clip_mode
         self.kl_coef = float(kl_coef)
         self.kl_target = None if kl_target is None else float(kl_target)
@@ -395,9 +400,13 @@ class ExtUpdateEngine:
         return [*super()._excluded_save_params(), "_collected"]  # type: ignore[misc]
 
     def collect_rollouts(self, *args: Any, **kwargs: Any) -> bool:
-        """Upstream's ``collect_rollouts``, recording ``pi_old`` on every step (see :class:`RolloutDistributions`)."""
+        """The algorithm's collection (:meth:`_collect_rollouts`), recording ``pi_old`` on every step."""
         with self._collected.recording(self.policy, self.rollout_buffer):
-            return super().collect_rollouts(*args, **kwargs)  # type: ignore[misc]
+            return self._collect_rollouts(*args, **kwargs)
+
+    def _collect_rollouts(self, *args: Any, **kwargs: Any) -> bool:
+        """Upstream's ``collect_rollouts``: a seam for an algorithm that collects otherwise (RecurrentPPOExt, squashed)."""
+        return super().collect_rollouts(*args, **kwargs)  # type: ignore[misc]
 
     @property
     def uses_kl_penalty(self) -> bool:

@@ -14,6 +14,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.torch_layers import CombinedExtractor, NatureCNN
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, PyTorchObs, Schedule
+from stable_baselines3.common.utils import is_vectorized_observation
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppo_ext.engine import ExtUpdateEngine, checked_arguments, flat_observations, flat_rollout, index_observations
@@ -223,6 +224,7 @@ class MaskablePPOExt(ExtUpdateEngine, MaskablePPO):
             _init_setup_model=False,
         )
         self._init_extensions(vf_clip_mode, kl_coef, kl_target, kl_adapt_factor, kl_adapt_tolerance, kl_coef_bounds)
+        self._masks_checked_for: VecEnv | None = None
         if _init_setup_model:
             self._setup_model()
 
@@ -270,10 +272,14 @@ class MaskablePPOExt(ExtUpdateEngine, MaskablePPO):
         n_rollout_steps: int,
         use_masking: bool = True,
     ) -> bool:
-        """Upstream's ``collect_rollouts``, after checking that the env's masks fit the action space."""
-        if use_masking and is_masking_supported(env):
+        """Upstream's ``collect_rollouts``, after checking (once per env) that the env's masks fit the action space."""
+        if use_masking and self._masks_checked_for is not env and is_masking_supported(env):
             self._check_masks(get_action_masks(env), env.num_envs, "env.action_masks()")
+            self._masks_checked_for = env  # the mask size of an env does not change
         return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps, use_masking)
+
+    def _excluded_save_params(self) -> list[str]:
+        return [*super()._excluded_save_params(), "_masks_checked_for"]
 
     def predict(  # type: ignore[override]
         self,
@@ -295,7 +301,8 @@ class MaskablePPOExt(ExtUpdateEngine, MaskablePPO):
         :return: the model's action and the next hidden state
         """
         if action_masks is not None:
-            _, vectorized = self.policy.obs_to_tensor(observation)
+            # SB3's own test (the one predict applies), without converting the observation to a tensor.
+            vectorized = is_vectorized_observation(observation, self.observation_space)
             first = next(iter(observation.values())) if isinstance(observation, dict) else observation
             n_rows = len(first) if vectorized else 1
             self._check_masks(action_masks, n_rows, f"{type(self).__name__}.predict")

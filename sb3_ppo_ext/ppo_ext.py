@@ -129,8 +129,6 @@ class PPOExt(ExtUpdateEngine, PPO):
         _init_setup_model: bool = True,
     ):
         self._check_arguments(**checked_arguments(locals()))
-        # numpy integers are accepted (as by PPO); the update's index arithmetic wants Python ints.
-        n_steps, batch_size, n_epochs = int(n_steps), int(batch_size), int(n_epochs)
         super().__init__(
             policy,
             env,

@@ -275,7 +275,7 @@ class RecurrentPPOExt(ExtUpdateEngine, RecurrentPPO):
 
     # ---- collection -----------------------------------------------------------------------------
 
-    def collect_rollouts(
+    def _collect_rollouts(  # type: ignore[override]
         self,
         env: VecEnv,
         callback: BaseCallback,
@@ -296,17 +296,7 @@ class RecurrentPPOExt(ExtUpdateEngine, RecurrentPPO):
             callback terminated rollout prematurely.
         """
         if not self.policy.squash_output:
-            return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
-        with self._collected.recording(self.policy, rollout_buffer):
-            return self._collect_squashed_rollouts(env, callback, rollout_buffer, n_rollout_steps)
-
-    def _collect_squashed_rollouts(
-        self,
-        env: VecEnv,
-        callback: BaseCallback,
-        rollout_buffer: RolloutBuffer,
-        n_rollout_steps: int,
-    ) -> bool:
+            return super()._collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
         assert isinstance(rollout_buffer, (RecurrentRolloutBuffer, RecurrentDictRolloutBuffer))
         assert self._last_obs is not None, "No previous observation was provided"
         self.policy.set_training_mode(False)

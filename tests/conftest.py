@@ -1,4 +1,5 @@
-"""Shared fixtures: a fresh virtual environment with the package installed as users install it, and PostgreSQL.
+"""Shared fixtures: a fresh virtual environment with the package installed as users install it, PostgreSQL,
+and a spy on the surrogate loss's probability ratios.
 
 ``installed_venv`` builds ONE virtual environment per test session (shared by pytest-xdist
 workers through a file lock): ``python -m venv``, ``pip install torch==2.13.0`` (the CPU build;
@@ -117,3 +118,19 @@ def postgres_url() -> str:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"CI needs the PostgreSQL server: {reason}")
     pytest.skip(reason)
+
+
+@pytest.fixture
+def surrogate_ratios(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The ratios ``pi / pi_old`` of the valid samples of every minibatch, in order, as the surrogate loss sees them."""
+    from sb3_ppo_ext import losses
+
+    captured: list = []
+    original = losses.clipped_surrogate_loss
+
+    def spy(advantages, ratio, clip_range, valid=None):
+        captured.append((ratio if valid is None else ratio[valid]).detach().clone())
+        return original(advantages, ratio, clip_range, valid)
+
+    monkeypatch.setattr(losses, "clipped_surrogate_loss", spy)
+    return captured

@@ -263,17 +263,8 @@ def test_recurrent_squashed_log_prob_matches_torch_transformed_distribution():
         th.testing.assert_close(distribution.log_prob(u).double(), reference.log_prob(action).sum(-1), rtol=1e-4, atol=1e-4)
 
 
-def test_recurrent_saturated_rollout_has_exact_ratio(monkeypatch):
-    from sb3_ppo_ext import losses
-
-    captured = []
-    original = losses.clipped_surrogate_loss
-
-    def spy(advantages, ratio, clip_range, valid=None):
-        captured.append((ratio if valid is None else ratio[valid]).detach().clone())
-        return original(advantages, ratio, clip_range, valid)
-
-    monkeypatch.setattr(losses, "clipped_surrogate_loss", spy)
+def test_recurrent_saturated_rollout_has_exact_ratio(surrogate_ratios):
+    captured = surrogate_ratios
     policy_kwargs = dict(LSTM_POLICY, log_std_init=2.5)
     model = RecurrentPPOExt(
         "MlpLstmPolicy", make_vec_env("Pendulum-v1", n_envs=2, seed=0), policy_kwargs=policy_kwargs, **LSTM_TINY
@@ -594,3 +585,19 @@ def test_pi_old_recorded_during_collection_equals_a_recomputation(family, n_envs
     model.train = train
     model.learn(32 * n_envs)
     assert len(compared) == 2
+
+
+def test_env_masks_are_checked_once_per_env_not_every_rollout():
+    env = make_vec_env(MASK_ENVS["discrete"], n_envs=1, seed=0)
+    calls = []
+    original = env.env_method
+
+    def env_method(name, *args, **kwargs):
+        calls.append(name)
+        return original(name, *args, **kwargs)
+
+    env.env_method = env_method
+    model = MaskablePPOExt("MlpPolicy", env, **MASK_TINY)
+    model.learn(3 * 64)
+    assert calls.count("action_masks") == 3 * 64 + 1  # upstream's one per step, plus one check
+    model.save(io.BytesIO())  # the checked env is not part of a saved model
