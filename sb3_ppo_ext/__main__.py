@@ -15,7 +15,7 @@ from typing import Any
 import torch as th
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
-from stable_baselines3.common.vec_env import VecNormalize
+from stable_baselines3.common.vec_env import VecNormalize, sync_envs_normalization
 
 from sb3_ppo_ext import PPOExt
 from sb3_ppo_ext.hyperparams import load_hyperparams
@@ -59,14 +59,14 @@ def main(argv: list[str] | None = None) -> float:
     eval_env = make_vec_env(args.env, n_envs=1, seed=args.seed + 10_000)
     if normalize:
         env = VecNormalize(env, **normalize_kwargs)
-        eval_env = VecNormalize(eval_env, training=False, norm_reward=False, **normalize_kwargs)
+        # The eval env uses the training statistics as they are and reports raw rewards, whatever the entry says.
+        eval_env = VecNormalize(eval_env, **{**normalize_kwargs, "training": False, "norm_reward": False})
 
     model = PPOExt(policy, env, seed=args.seed, device=args.device, **hyperparams)
     start = time.time()
     model.learn(total_timesteps=n_timesteps)
     elapsed = time.time() - start
-    if normalize:
-        eval_env.obs_rms = env.obs_rms  # type: ignore[attr-defined]
+    sync_envs_normalization(env, eval_env)  # SB3's own copy of the statistics (none without norm_obs)
     mean_return, std_return = evaluate_policy(model, eval_env, n_eval_episodes=args.eval_episodes, deterministic=True)
     print(
         f"PPOExt on {args.env}: {n_timesteps} steps in {elapsed:.0f} s; "

@@ -476,7 +476,14 @@ class TrainingHealthGuard(_AfterUpdateCallback):
         self._last_good = {
             "policy": copy.deepcopy(policy.state_dict()),
             "optimizer": copy.deepcopy(policy.optimizer.state_dict()),
-            "vec_normalize": None if vec_normalize is None else copy.deepcopy((vec_normalize.obs_rms, vec_normalize.ret_rms)),
+            # The statistics VecNormalize keeps: with norm_obs=False it has no obs_rms.
+            "vec_normalize": None
+            if vec_normalize is None
+            else {
+                name: copy.deepcopy(getattr(vec_normalize, name))
+                for name in ("obs_rms", "ret_rms")
+                if hasattr(vec_normalize, name)
+            },
             "attributes": {
                 name: copy.deepcopy(getattr(self.model, name)) for name in ADAPTED_ATTRIBUTES if hasattr(self.model, name)
             },
@@ -489,7 +496,8 @@ class TrainingHealthGuard(_AfterUpdateCallback):
         self.model.policy.optimizer.load_state_dict(self._last_good["optimizer"])
         vec_normalize = self.model.get_vec_normalize_env()
         if vec_normalize is not None and self._last_good["vec_normalize"] is not None:
-            vec_normalize.obs_rms, vec_normalize.ret_rms = copy.deepcopy(self._last_good["vec_normalize"])
+            for name, statistics in copy.deepcopy(self._last_good["vec_normalize"]).items():
+                setattr(vec_normalize, name, statistics)
         for name, value in self._last_good["attributes"].items():
             setattr(self.model, name, copy.deepcopy(value))
 

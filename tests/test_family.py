@@ -601,3 +601,17 @@ def test_env_masks_are_checked_once_per_env_not_every_rollout():
     model.learn(3 * 64)
     assert calls.count("action_masks") == 3 * 64 + 1  # upstream's one per step, plus one check
     model.save(io.BytesIO())  # the checked env is not part of a saved model
+
+
+def test_maskable_vec_normalize_and_callbacks(tmp_path):
+    # The masked test envs have discrete observations: VecNormalize normalises their rewards only.
+    venv = VecNormalize(make_vec_env(MASK_ENVS["multibinary"], n_envs=2, seed=0), norm_obs=False)
+    model = MaskablePPOExt("MlpPolicy", venv, kl_coef=1.0, kl_target=0.01, **MASK_TINY)
+    guard = TrainingHealthGuard(save_path=str(tmp_path / "guard"))
+    schedule = ParameterScheduler({"ent_coef": dict(kind="linear", start=0.01, end=0.0)})
+    callbacks = [KLAdaptiveLR(target_kl=0.01), guard, schedule]
+    model.learn(256, callback=callbacks)
+    assert model.ent_coef < 0.01 and model.policy.optimizer.param_groups[0]["lr"] != 3e-4  # both callbacks acted
+    model.save(tmp_path / "model")
+    loaded = MaskablePPOExt.load(tmp_path / "model", env=venv)
+    assert th.equal(weights(loaded), weights(model)) and loaded.current_kl_coef == model.current_kl_coef

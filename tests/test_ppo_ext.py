@@ -519,3 +519,12 @@ def test_load_accepts_custom_objects_for_a_model_that_will_not_train(tmp_path):
     zero = {"learning_rate": 0.0, "lr_schedule": lambda _: 0.0, "clip_range": lambda _: 0.0}
     loaded = PPOExt.load(tmp_path / "m", custom_objects=zero)
     assert loaded.predict(np.zeros(3, dtype=np.float32))[0].shape == (1,)
+
+
+def test_quickstart_entry_with_reward_only_normalisation(monkeypatch):
+    """``python -m sb3_ppo_ext`` with ``normalize: {norm_obs: False}`` (VecNormalize then has no obs_rms)."""
+    import sb3_ppo_ext.__main__ as quickstart
+
+    entry = dict(normalize={"norm_obs": False, "norm_reward": True}, n_envs=1, n_timesteps=256, n_steps=128, batch_size=64)
+    monkeypatch.setattr(quickstart, "load_hyperparams", lambda env_id: entry)
+    assert np.isfinite(quickstart.main(["--env", "Pendulum-v1", "--eval-episodes", "1"]))
