@@ -58,6 +58,7 @@ DEFAULT_OUT = "logs/benchmark"  # logs/ is git-ignored
 # merged into the entry's policy_kwargs (see _zoo_overrides).
 ALGOS: dict[str, tuple[str, dict[str, Any], str]] = {
     "ppo": ("ppo", {}, "stock SB3 PPO, rl-zoo3's ppo.yml entry"),
+    "trpo": ("trpo", {}, "sb3-contrib TRPO, rl-zoo3's trpo.yml entry"),
     "ppo_ext_clip": (
         "ppo_ext",
         {},
@@ -73,7 +74,14 @@ ALGOS: dict[str, tuple[str, dict[str, Any], str]] = {
         {"policy_kwargs": {"squash_output": False}},
         "PPOExt, Gaussian head + clip (policy_kwargs.squash_output: False)",
     ),
+    "ppo_ext_tanh": (
+        "ppo_ext",
+        {"policy_kwargs": {"activation_fn": "tanh"}},
+        "PPOExt, squashed head + clip with tanh hidden activations (policy_kwargs.activation_fn: tanh)",
+    ),
 }
+# Algorithms whose settings come from rl-zoo3's own yml files (the rest from the shipped ppo_ext.yml).
+ZOO_OWN = ("ppo", "trpo")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,16 +92,27 @@ class EnvBudget:
     steps: int
     seeds: int
     eval_freq: int
+    algos: tuple[str, ...] | None = None  # None: every requested algorithm
 
 
-# The issue's minimum suite on a 2-core machine; "pendulum" is its first row alone.
+# Locomotion at the budget users train at: Hopper for the five algorithms, Walker2d for stock PPO, TRPO
+# and the PPOExt variant that did best on Hopper (ppo_ext_clip until the Hopper results say otherwise).
+MUJOCO_1M_HOPPER = ("ppo", "trpo", "ppo_ext_clip", "ppo_ext_kl", "ppo_ext_tanh")
+MUJOCO_1M_WALKER = ("ppo", "trpo", "ppo_ext_clip")
+
+# The first suite (300k steps, issue 5) on a 2-core machine; "pendulum" is its first row alone.
+SUITE_300K = ("ppo", "ppo_ext_clip", "ppo_ext_kl", "ppo_ext_gauss")
 SUITES: dict[str, list[EnvBudget]] = {
-    "pendulum": [EnvBudget("Pendulum-v1", 100_000, 5, 10_000)],
+    "pendulum": [EnvBudget("Pendulum-v1", 100_000, 5, 10_000, SUITE_300K)],
     "issue": [
-        EnvBudget("Pendulum-v1", 100_000, 5, 10_000),
-        EnvBudget("LunarLanderContinuous-v3", 300_000, 3, 20_000),
-        EnvBudget("Hopper-v5", 300_000, 3, 20_000),
-        EnvBudget("HalfCheetah-v5", 300_000, 3, 20_000),
+        EnvBudget("Pendulum-v1", 100_000, 5, 10_000, SUITE_300K),
+        EnvBudget("LunarLanderContinuous-v3", 300_000, 3, 20_000, SUITE_300K),
+        EnvBudget("Hopper-v5", 300_000, 3, 20_000, SUITE_300K),
+        EnvBudget("HalfCheetah-v5", 300_000, 3, 20_000, SUITE_300K),
+    ],
+    "mujoco-1m": [
+        EnvBudget("Hopper-v5", 1_000_000, 5, 20_000, MUJOCO_1M_HOPPER),
+        EnvBudget("Walker2d-v5", 1_000_000, 3, 20_000, MUJOCO_1M_WALKER),
     ],
 }
 
@@ -160,8 +179,8 @@ def expected_hyperparams(spec: RunSpec) -> dict[str, str] | None:
     marker's form; ``None`` when they cannot be determined up front (then only the budget counts).
     """
     zoo_algo, overrides, _ = ALGOS[spec.algo]
-    if zoo_algo == "ppo":
-        entry, _ = _stock_ppo_entry(spec.env)
+    if zoo_algo in ZOO_OWN:
+        entry, _ = _zoo_entry(zoo_algo, spec.env)
     else:
         from sb3_ppo_ext.hyperparams import load_hyperparams
 
@@ -182,41 +201,44 @@ def write_atomic(path: Path, text: str) -> None:
 # --- one run (in a worker process) -------------------------------------------------------------
 
 
-def _stock_ppo_entry(env_id: str) -> tuple[dict[str, Any] | None, str]:
+def _zoo_entries(zoo_algo: str) -> dict[str, Any]:
+    """rl-zoo3's own ``<zoo_algo>.yml``, YAML anchors and merge keys resolved."""
+    import rl_zoo3
+    import yaml
+
+    return yaml.safe_load((Path(rl_zoo3.__file__).parent / "hyperparams" / f"{zoo_algo}.yml").read_text())
+
+
+def _zoo_entry(zoo_algo: str, env_id: str) -> tuple[dict[str, Any] | None, str]:
     """
-    rl-zoo3's ppo.yml entry for ``env_id``, or, for a ``-v5`` env without one, its ``-v4`` entry
-    (rl-zoo3 2.9.2 has MuJoCo entries for v4 only).
+    rl-zoo3's ``<zoo_algo>.yml`` entry for ``env_id``, or, for a ``-v5`` env without one, its ``-v4``
+    entry (rl-zoo3 2.9.2 has MuJoCo entries for v4 only).
 
     :return: the entry (None: none, rl-zoo3 decides) and where it comes from
     """
-    import rl_zoo3
-    import yaml
-
-    entries = yaml.safe_load((Path(rl_zoo3.__file__).parent / "hyperparams" / "ppo.yml").read_text())
+    entries = _zoo_entries(zoo_algo)
     if env_id in entries:
-        return entries[env_id], f"rl_zoo3/hyperparams/ppo.yml: {env_id}"
+        return entries[env_id], f"rl_zoo3/hyperparams/{zoo_algo}.yml: {env_id}"
     name, _, version = env_id.rpartition("-v")
     v4 = f"{name}-v4"
     if version == "5" and v4 in entries:
-        return entries[v4], f"rl_zoo3/hyperparams/ppo.yml: {v4} (the v4 entry, applied to {env_id})"
-    return None, "rl_zoo3/hyperparams/ppo.yml: default"
+        return entries[v4], f"rl_zoo3/hyperparams/{zoo_algo}.yml: {v4} (the v4 entry, applied to {env_id})"
+    return None, f"rl_zoo3/hyperparams/{zoo_algo}.yml: default"
 
 
-def _stock_ppo_config(env_id: str, folder: str) -> tuple[str | None, str]:
+def _zoo_config(zoo_algo: str, env_id: str, folder: str) -> tuple[str | None, str]:
     """
-    The config file rl-zoo3 should read for stock PPO on ``env_id``: its own ppo.yml (None) or,
-    for a ``-v5`` env, a copy of the ``-v4`` entry under the v5 id in ``folder``.
+    The config file rl-zoo3 should read for its own ``zoo_algo`` on ``env_id``: its own yml (None)
+    or, for a ``-v5`` env, a copy of the ``-v4`` entry under the v5 id in ``folder``.
 
     :return: the config path (None: rl-zoo3's default file) and the name of the entry used
     """
-    import rl_zoo3
     import yaml
 
-    entries = yaml.safe_load((Path(rl_zoo3.__file__).parent / "hyperparams" / "ppo.yml").read_text())
-    entry, source = _stock_ppo_entry(env_id)
-    if entry is None or env_id in entries:
+    entry, source = _zoo_entry(zoo_algo, env_id)
+    if entry is None or env_id in _zoo_entries(zoo_algo):
         return None, source
-    copy = Path(folder) / "ppo_v5_from_v4.yml"
+    copy = Path(folder) / f"{zoo_algo}_v5_from_v4.yml"
     copy.write_text(yaml.safe_dump({env_id: entry}))
     return str(copy), source
 
@@ -406,8 +428,8 @@ def _run_locked(spec: RunSpec) -> dict[str, Any]:
 
         zoo.register()  # idempotent; the startup hook normally did it already
         zoo_algo, overrides, description = ALGOS[spec.algo]
-        if zoo_algo == "ppo":
-            config, source = _stock_ppo_config(spec.env, folder)
+        if zoo_algo in ZOO_OWN:
+            config, source = _zoo_config(zoo_algo, spec.env, folder)
         else:
             config, source = None, f"sb3_ppo_ext/hyperparams/ppo_ext.yml: {spec.env}"
         overrides = _zoo_overrides(spec.env, overrides)
@@ -482,14 +504,18 @@ def build_matrix(args: argparse.Namespace) -> list[RunSpec]:
         budgets = [EnvBudget(env, args.steps or 100_000, args.seeds or 3, args.eval_freq or 10_000) for env in args.envs]
     else:
         budgets = [
-            EnvBudget(b.env, args.steps or b.steps, args.seeds or b.seeds, args.eval_freq or b.eval_freq)
+            dataclasses.replace(
+                b, steps=args.steps or b.steps, seeds=args.seeds or b.seeds, eval_freq=args.eval_freq or b.eval_freq
+            )
             for b in SUITES[args.suite]
         ]
+    algos = args.algos or list(ALGOS)
     return [
         RunSpec(b.env, algo, seed, b.steps, b.eval_freq, args.eval_episodes, args.out, args.device)
         for b in budgets
         for seed in range(args.first_seed, args.first_seed + b.seeds)
-        for algo in args.algos
+        for algo in algos
+        if b.algos is None or algo in b.algos
     ]
 
 
@@ -561,7 +587,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", choices=sorted(SUITES), default="pendulum", help="preset envs and budgets")
     parser.add_argument("--envs", nargs="+", help="env ids instead of a suite (budget from --steps/--seeds/--eval-freq)")
-    parser.add_argument("--algos", nargs="+", choices=list(ALGOS), default=list(ALGOS))
+    parser.add_argument(
+        "--algos", nargs="+", choices=list(ALGOS), help="algorithms (default: all; a suite may limit an env to some)"
+    )
     parser.add_argument("--steps", type=int, help="env-step budget per run (overrides the suite)")
     parser.add_argument("--seeds", type=int, help="number of seeds (overrides the suite)")
     parser.add_argument("--first-seed", type=int, default=0)

@@ -495,7 +495,7 @@ def coverage_section(suite: str, runs: dict[str, dict[str, list[Run]]]) -> list[
             continue
         done = ", ".join(f"`{algo}` {len(algo_runs)}" for algo, algo_runs in by_algo.items())
         steps = min(run.marker["budget"]["steps"] for algo_runs in by_algo.values() for run in algo_runs)
-        complete = steps >= budget.steps and all(len(by_algo.get(algo, [])) >= budget.seeds for algo in ALGOS)
+        complete = steps >= budget.steps and all(len(by_algo.get(algo, [])) >= budget.seeds for algo in (budget.algos or ALGOS))
         status = "complete" if complete else "**partial**"
         lines.append(
             f"| {budget.env} | {budget.steps // 1000}k steps x {budget.seeds} seeds | {steps // 1000}k steps; seeds per "

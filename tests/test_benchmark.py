@@ -145,21 +145,45 @@ def test_suite_matrix_gives_every_algorithm_the_same_seeds_and_budget():
         for spec in specs:
             if spec.env == env:
                 by_algo.setdefault(spec.algo, []).append((spec.seed, spec.steps, spec.eval_freq, spec.eval_episodes))
-        assert set(by_algo) == set(benchmark.ALGOS)
+        assert set(by_algo) == set(benchmark.SUITE_300K)
         assert len({tuple(runs) for runs in by_algo.values()}) == 1
     pendulum = [spec for spec in specs if spec.env == "Pendulum-v1"]
     assert len(pendulum) == 4 * 5 and {spec.steps for spec in pendulum} == {100_000}
     assert all(spec.steps >= 300_000 and spec.seed < 3 for spec in specs if spec.env != "Pendulum-v1")
 
 
-def test_stock_ppo_uses_the_v4_entry_of_rl_zoo3_for_v5_envs(tmp_path):
+@pytest.mark.parametrize("zoo_algo", ["ppo", "trpo"])
+def test_zoo_algorithms_use_the_v4_entry_of_rl_zoo3_for_v5_envs(tmp_path, zoo_algo):
     import rl_zoo3
 
-    zoo_entries = yaml.safe_load((Path(rl_zoo3.__file__).parent / "hyperparams" / "ppo.yml").read_text())
-    path, source = benchmark._stock_ppo_config("Hopper-v5", str(tmp_path))
+    zoo_entries = yaml.safe_load((Path(rl_zoo3.__file__).parent / "hyperparams" / f"{zoo_algo}.yml").read_text())
+    path, source = benchmark._zoo_config(zoo_algo, "Hopper-v5", str(tmp_path))
     assert yaml.safe_load(Path(path).read_text()) == {"Hopper-v5": zoo_entries["Hopper-v4"]}
-    assert "Hopper-v4" in source
-    assert benchmark._stock_ppo_config("Pendulum-v1", str(tmp_path)) == (None, "rl_zoo3/hyperparams/ppo.yml: Pendulum-v1")
+    assert f"{zoo_algo}.yml: Hopper-v4" in source
+    assert benchmark._zoo_config(zoo_algo, "Pendulum-v1", str(tmp_path)) == (
+        None,
+        f"rl_zoo3/hyperparams/{zoo_algo}.yml: Pendulum-v1",
+    )
+
+
+def test_mujoco_1m_suite_runs_the_issues_algorithms_on_the_same_seeds():
+    specs = benchmark.build_matrix(benchmark.parse_args(["--suite", "mujoco-1m"]))
+    hopper = [spec for spec in specs if spec.env == "Hopper-v5"]
+    walker = [spec for spec in specs if spec.env == "Walker2d-v5"]
+    assert {spec.algo for spec in hopper} == {"ppo", "trpo", "ppo_ext_clip", "ppo_ext_kl", "ppo_ext_tanh"}
+    assert len(hopper) == 5 * 5 and len(walker) == 3 * 3
+    assert {spec.steps for spec in specs} == {1_000_000} and {spec.eval_freq for spec in specs} == {20_000}
+    # --algos narrows a suite; an env keeps its own limit.
+    narrowed = benchmark.build_matrix(benchmark.parse_args(["--suite", "mujoco-1m", "--algos", "ppo_ext_kl"]))
+    assert {(spec.env, spec.algo) for spec in narrowed} == {("Hopper-v5", "ppo_ext_kl")}
+
+
+def test_tanh_variant_changes_only_the_activation():
+    from sb3_ppo_ext.hyperparams import load_hyperparams
+
+    shipped = load_hyperparams("Hopper-v5")["policy_kwargs"]
+    merged = benchmark._zoo_overrides("Hopper-v5", benchmark.ALGOS["ppo_ext_tanh"][1])
+    assert merged == {"policy_kwargs": {**shipped, "activation_fn": "tanh"}}
 
 
 def test_gaussian_variant_keeps_the_shipped_policy_kwargs():
