@@ -1,4 +1,4 @@
-"""Benchmark matrix: PPOExt variants against stock SB3 PPO, algorithms x envs x seeds, in parallel processes.
+"""Benchmark matrix: PPOExt variants against stock PPO and TRPO, algorithms x envs x seeds, in parallel processes.
 
 Every model is built by rl-zoo3's own ``ExperimentManager`` (the path ``python -m rl_zoo3.train``
 takes: hyperparameter preprocessing, schedules, ``normalize``, ``n_envs``, env wrappers), so stock
@@ -11,8 +11,22 @@ the budget and once more after the last update. It writes ``<out>/<env>/<algo>/s
 (``timesteps, mean_return, std_return, episodes, wall_time, fps``: ``wall_time`` is the training
 time so far, evaluations excluded, ``fps`` the env steps per second of that time) and then a
 ``seed<k>.done.json`` marker (total wall-clock, training time, env-steps/s, the hyperparameters
-used, versions). Both are written to a temporary file and renamed. A restarted benchmark skips
-runs whose marker matches the requested budget and reruns every other run from scratch.
+used, versions, and the run's segments). Both are written to a temporary file and renamed. A
+restarted benchmark skips runs whose marker matches the requested budget and settings.
+
+Runs survive being cut off. At the first rollout boundary after each evaluation a run writes an
+atomic checkpoint, ``seed<k>.ckpt``: the model (policy, optimizer, step count, learning-rate
+schedule, PPOExt's current beta), the VecNormalize statistics, the torch/numpy/random generator
+states, the evaluations so far and the segments so far. A restarted run continues from it, on
+this machine or another (copy the results folder there and back): evaluations after the last
+checkpoint are redone, the rest are kept. The envs' episodes in flight are not saved; a resumed
+run starts new ones, seeded from the run's seed and the step it resumes at, so it is deterministic
+but not bit-identical to an uninterrupted run. A checkpoint whose budget or settings differ from
+the run's (or that cannot be read) is discarded and the run starts over: results are never mixed.
+Each segment records its machine (``--machine``), core count, package commit and times.
+``--segment-steps N`` pauses every run at its first checkpoint N steps on, ``--stop-after M`` at
+its next checkpoint after M minutes (and starts no run after that): the way to fit a 1M-step run
+into commands of ten minutes on a lent machine.
 
 One writer per run: a run holds an exclusive lock on ``seed<k>.lock`` while it trains, and a second
 process that reaches the same run (another benchmark on the same ``--out``) fails that run at once
@@ -21,6 +35,7 @@ never blocks a restart. Worker processes exit when the benchmark process that st
 (killed, not just interrupted), so no orphaned worker keeps writing results.
 
     python scripts/benchmark.py --suite pendulum --workers 1
+    python scripts/benchmark.py --suite mujoco-1m --out docs/benchmarks/data-1m --machine "local 2-core" --stop-after 120
     python scripts/benchmark.py --envs Pendulum-v1 --algos ppo ppo_ext_clip --seeds 2 --steps 20000
     python scripts/benchmark_report.py   # docs/BENCHMARKS.md from the results
 
@@ -34,9 +49,12 @@ import concurrent.futures
 import contextlib
 import csv
 import dataclasses
+import io
 import json
 import multiprocessing
 import os
+import pickle
+import platform
 import sys
 import tempfile
 import threading
@@ -129,6 +147,11 @@ class RunSpec:
     eval_episodes: int
     out: str
     device: str = "cpu"
+    # How this invocation runs it (not part of the result): the machine label its segment records,
+    # and when to pause at the next checkpoint (after this many more env steps / at this time.time()).
+    machine: str = ""
+    segment_steps: int | None = None
+    deadline: float | None = None
 
     @property
     def stem(self) -> Path:
@@ -145,6 +168,10 @@ class RunSpec:
     @property
     def log_path(self) -> Path:
         return self.stem.with_suffix(".log")
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.stem.with_suffix(".ckpt")
 
     def budget(self) -> dict[str, Any]:
         """What a finished run must match to be skipped."""
@@ -190,12 +217,111 @@ def expected_hyperparams(spec: RunSpec) -> dict[str, str] | None:
     return _comparable({key: repr(value) for key, value in {**entry, **_zoo_overrides(spec.env, overrides)}.items()})
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder, flushed to disk, and a rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name + ".", suffix=".tmp", delete=False) as file:
-        file.write(text)
+    mode = "wb" if isinstance(data, bytes) else "w"
+    with tempfile.NamedTemporaryFile(mode, dir=path.parent, prefix=path.name + ".", suffix=".tmp", delete=False) as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
     os.replace(file.name, path)
+
+
+# --- checkpoints: a run in segments ---------------------------------------------------------------
+
+CHECKPOINT_FORMAT = 1
+
+
+def default_machine() -> str:
+    """The label a segment records when ``--machine`` is not given: host name and core count."""
+    return f"{platform.node() or 'unknown host'} ({os.cpu_count()} cores)"
+
+
+def run_fingerprint(spec: RunSpec) -> dict[str, Any]:
+    """What a checkpoint must match to be continued: the budget and the settings the run trains with."""
+    _, overrides, _ = ALGOS[spec.algo]
+    return {
+        "budget": spec.budget(),
+        "algo": spec.algo,
+        "overrides": repr(overrides),
+        "hyperparams": expected_hyperparams(spec),
+    }
+
+
+def read_checkpoint(spec: RunSpec) -> tuple[dict[str, Any] | None, str]:
+    """
+    The run's checkpoint if it can be continued, else None and why not (no checkpoint, unreadable,
+    another format, or settings that changed since: such a run is rerun, never mixed).
+    """
+    path = spec.checkpoint_path
+    if not path.is_file():
+        return None, "no checkpoint"
+    try:
+        state = pickle.loads(path.read_bytes())
+    except Exception as error:  # truncated or foreign file: start over rather than crash
+        return None, f"checkpoint {path} is unreadable ({type(error).__name__}: {error})"
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        return None, f"checkpoint {path} is not a format-{CHECKPOINT_FORMAT} benchmark checkpoint"
+    if state.get("fingerprint") != run_fingerprint(spec):
+        return None, f"the run's budget or settings changed since checkpoint {path} was written"
+    return state, f"checkpoint at {state['timesteps']} steps"
+
+
+def _random_states() -> dict[str, Any]:
+    import random
+
+    import numpy as np
+    import torch as th
+
+    return {"torch": th.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()}
+
+
+def _set_random_states(states: dict[str, Any]) -> None:
+    import random
+
+    import numpy as np
+    import torch as th
+
+    th.set_rng_state(states["torch"])
+    np.random.set_state(states["numpy"])
+    random.setstate(states["random"])
+
+
+def _checkpoint_state(model, spec: RunSpec, progress: dict[str, Any]) -> dict[str, Any]:
+    """Everything a later segment needs, at a rollout boundary (after an update, before the next rollout)."""
+    buffer = io.BytesIO()
+    model.save(buffer)  # policy, optimizer, num_timesteps, the learning-rate schedule, PPOExt's current beta
+    vec_normalize = model.get_vec_normalize_env()
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "fingerprint": run_fingerprint(spec),
+        "timesteps": model.num_timesteps,
+        "model": buffer.getvalue(),
+        # VecNormalize pickles its statistics and settings without the wrapped envs.
+        "vec_normalize": None if vec_normalize is None else pickle.dumps(vec_normalize),
+        "random_states": _random_states(),
+        **progress,
+    }
+
+
+def _restore(model, state: dict[str, Any], spec: RunSpec, eval_env):
+    """
+    The model of a checkpoint, on the freshly built training env of ``model``, with its VecNormalize
+    statistics and random states. The envs' own state (the episodes in flight) is not saved: the
+    continued run starts new episodes, seeded from the run's seed and the step it resumes at, so a
+    resumed run is deterministic but not bit-identical to an uninterrupted one.
+    """
+    env = model.get_env()
+    restored = type(model).load(io.BytesIO(state["model"]), env=env, device=spec.device)  # force_reset: new episodes
+    if state["vec_normalize"] is not None:
+        saved = pickle.loads(state["vec_normalize"])
+        vec_normalize = restored.get_vec_normalize_env()
+        vec_normalize.obs_rms, vec_normalize.ret_rms = saved.obs_rms, saved.ret_rms
+    env.seed(spec.seed + restored.num_timesteps)
+    eval_env.seed(spec.seed + restored.num_timesteps + 1_000_003)  # apart from the training envs' seeds
+    _set_random_states(state["random_states"])  # after load, which reseeds everything from the model's seed
+    return restored
 
 
 # --- one run (in a worker process) -------------------------------------------------------------
@@ -255,8 +381,22 @@ def _zoo_overrides(env_id: str, overrides: dict[str, Any]) -> dict[str, Any]:
     return {**overrides, "policy_kwargs": {**shipped, **overrides["policy_kwargs"]}}
 
 
-def _make_eval_callback(eval_env, csv_file, eval_freq: int, eval_episodes: int, budget: int):
-    """A callback that evaluates at step 0, at each multiple of ``eval_freq`` below ``budget`` and after training."""
+def _csv_row(row: tuple) -> list:
+    return [row[0], f"{row[1]:.6g}", f"{row[2]:.6g}", row[3], f"{row[4]:.3f}", f"{row[5]:.1f}"]
+
+
+def _make_eval_callback(
+    eval_env, csv_file, spec: RunSpec, progress: dict[str, Any], segment: dict[str, Any], segment_began: float
+):
+    """
+    A callback that evaluates at step 0, at each multiple of ``spec.eval_freq`` below the budget and
+    after training, and checkpoints the run at the first rollout boundary after each evaluation.
+
+    ``progress`` (rows, next evaluation, training and evaluation time so far, earlier segments)
+    comes from the checkpoint a run resumes from, or is empty. The callback pauses the run at a
+    checkpoint once ``spec.segment_steps`` more steps are done or ``spec.deadline`` has passed.
+    ``segment_began`` is the ``time.perf_counter()`` at which this segment's process began the run.
+    """
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.vec_env import sync_envs_normalization
@@ -266,39 +406,94 @@ def _make_eval_callback(eval_env, csv_file, eval_freq: int, eval_episodes: int, 
             super().__init__()
             self.writer = csv.writer(csv_file)
             self.writer.writerow(CSV_FIELDS)
-            self.next_eval = 0
+            self.rows: list[tuple] = [tuple(row) for row in progress["rows"]]
+            for row in self.rows:
+                self.writer.writerow(_csv_row(row))
+            csv_file.flush()
+            self.next_eval = progress["next_eval"]
+            self.train_before = progress["train_time_s"]
+            self.eval_before = progress["eval_time_s"]
+            self.segments = list(progress["segments"])
             self.start = 0.0
-            self.eval_time = 0.0
-            self.rows: list[tuple] = []
+            self.eval_time = 0.0  # this segment's
+            self.rows_at_checkpoint = len(self.rows)
+            self.checkpoint_timesteps = progress.get("timesteps")
+            self.paused = False
 
         def _on_training_start(self) -> None:
             self.start = time.perf_counter()
-            self.evaluate()
+            if not self.rows:
+                self.evaluate()
+
+        def _on_rollout_start(self) -> None:
+            # The policy is the one the last evaluation scored, and no rollout is in flight.
+            steps = self.num_timesteps - segment["from_timesteps"]
+            pause = (spec.segment_steps is not None and steps >= spec.segment_steps) or (
+                spec.deadline is not None and time.time() >= spec.deadline
+            )
+            if len(self.rows) > self.rows_at_checkpoint or (pause and self.checkpoint_timesteps != self.num_timesteps):
+                self.checkpoint()
+            self.paused = pause
 
         def _on_step(self) -> bool:
+            if self.paused:
+                return False  # the rollout just begun is dropped: the checkpoint precedes it
             # Mid-rollout evaluations use the policy of the last update; the one at the budget
             # waits for the last update (_on_training_end).
-            if self.next_eval <= self.num_timesteps < budget:
+            if self.next_eval <= self.num_timesteps < spec.steps:
                 self.evaluate()
             return True
 
         def _on_training_end(self) -> None:
-            self.evaluate()
+            if not self.paused:
+                self.evaluate()
+
+        def train_time(self) -> float:
+            """Training time of this segment so far (evaluations excluded)."""
+            return time.perf_counter() - self.start - self.eval_time
+
+        def finished_segments(self) -> list[dict[str, Any]]:
+            """The earlier segments and this one, up to now."""
+            now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            current = {
+                **segment,
+                "to_timesteps": self.num_timesteps,
+                "ended_at": now,
+                "train_time_s": self.train_time(),
+                "wall_time_s": time.perf_counter() - segment_began,
+            }
+            return [*self.segments, current]
+
+        def checkpoint(self) -> None:
+            state = _checkpoint_state(
+                self.model,
+                spec,
+                {
+                    "rows": self.rows,
+                    "next_eval": self.next_eval,
+                    "train_time_s": self.train_before + self.train_time(),
+                    "eval_time_s": self.eval_before + self.eval_time,
+                    "segments": self.finished_segments(),
+                },
+            )
+            write_atomic(spec.checkpoint_path, pickle.dumps(state))
+            self.rows_at_checkpoint = len(self.rows)
+            self.checkpoint_timesteps = self.num_timesteps
 
         def evaluate(self) -> None:
             began = time.perf_counter()
-            train_time = began - self.start - self.eval_time
+            train_time = self.train_before + began - self.start - self.eval_time
             sync_envs_normalization(self.training_env, eval_env)
             returns, _ = evaluate_policy(
-                self.model, eval_env, n_eval_episodes=eval_episodes, deterministic=True, return_episode_rewards=True
+                self.model, eval_env, n_eval_episodes=spec.eval_episodes, deterministic=True, return_episode_rewards=True
             )
             self.eval_time += time.perf_counter() - began
             fps = self.num_timesteps / train_time if train_time > 0 else 0.0
             row = (self.num_timesteps, float(sum(returns) / len(returns)), float(_std(returns)), len(returns), train_time, fps)
             self.rows.append(row)
-            self.writer.writerow([row[0], f"{row[1]:.6g}", f"{row[2]:.6g}", row[3], f"{row[4]:.3f}", f"{row[5]:.1f}"])
+            self.writer.writerow(_csv_row(row))
             csv_file.flush()
-            self.next_eval = (self.num_timesteps // eval_freq + 1) * eval_freq
+            self.next_eval = (self.num_timesteps // spec.eval_freq + 1) * spec.eval_freq
 
     return CSVEvalCallback()
 
@@ -393,9 +588,10 @@ def run_lock(spec: RunSpec) -> Iterator[None]:
 
 def run_one(spec: RunSpec) -> dict[str, Any]:
     """
-    Train and evaluate one run under its lock; write its CSV and done marker.
+    Train and evaluate one run under its lock, from its checkpoint when it has one; write its CSV
+    and done marker, or pause it at a checkpoint (``spec.segment_steps``, ``spec.deadline``).
 
-    :return: the marker's content
+    :return: the marker's content, or ``{"paused": True, "timesteps": ..., "resumed": ...}``
     :raises RunInProgressError: another process is running the same run now
     """
     spec = dataclasses.replace(spec, out=str(Path(spec.out).resolve()))
@@ -407,14 +603,19 @@ def _run_locked(spec: RunSpec) -> dict[str, Any]:
     import torch as th
 
     th.set_num_threads(1)
-    # The run works in a temporary folder (MuJoCo writes MUJOCO_LOG.TXT to the working directory).
-    for stale in (spec.marker_path, spec.csv_path):
-        stale.unlink(missing_ok=True)
+    state, why = read_checkpoint(spec)
+    if spec.deadline is not None and time.time() >= spec.deadline:  # too late to start: its files stay as they are
+        return {"paused": True, "timesteps": state["timesteps"] if state else 0, "resumed": why}
+    if state is None:  # from scratch: nothing of an earlier attempt may mix in
+        for stale in (spec.marker_path, spec.csv_path, spec.checkpoint_path):
+            stale.unlink(missing_ok=True)
+    spec.marker_path.unlink(missing_ok=True)
     tmp_csv = spec.csv_path.with_suffix(".csv.tmp")
     began = time.perf_counter()
+    # The run works in a temporary folder (MuJoCo writes MUJOCO_LOG.TXT to the working directory).
     with (
         tempfile.TemporaryDirectory(prefix="sb3_ppo_ext_bench_") as folder,
-        open(spec.log_path, "w") as log,
+        open(spec.log_path, "a") as log,
         _output_to(log),
         _working_directory(folder),
     ):
@@ -426,6 +627,7 @@ def _run_locked(spec: RunSpec) -> dict[str, Any]:
         import sb3_ppo_ext
         from sb3_ppo_ext import zoo
 
+        print(f"=== segment on {spec.machine or default_machine()}: {why}", flush=True)
         zoo.register()  # idempotent; the startup hook normally did it already
         zoo_algo, overrides, description = ALGOS[spec.algo]
         if zoo_algo in ZOO_OWN:
@@ -451,16 +653,33 @@ def _run_locked(spec: RunSpec) -> dict[str, Any]:
         assert setup is not None
         model, saved_hyperparams = setup
         eval_env = manager.create_envs(1, eval_env=True)
+        progress = {"rows": [], "next_eval": 0, "train_time_s": 0.0, "eval_time_s": 0.0, "segments": []}
+        if state is not None:
+            model = _restore(model, state, spec, eval_env)
+            progress = state
+        revision = source_revision(Path(sb3_ppo_ext.__file__).parent)
+        segment = {
+            "from_timesteps": model.num_timesteps,
+            "machine": spec.machine or default_machine(),
+            "cpu_count": os.cpu_count(),
+            "revision": revision,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         with open(tmp_csv, "w", newline="") as csv_file:
-            evaluation = _make_eval_callback(eval_env, csv_file, spec.eval_freq, spec.eval_episodes, spec.steps)
-            train_began = time.perf_counter()
-            model.learn(manager.n_timesteps, callback=[*manager.callbacks, evaluation])
-            learn_time = time.perf_counter() - train_began
+            evaluation = _make_eval_callback(eval_env, csv_file, spec, progress, segment, began)
+            model.learn(
+                manager.n_timesteps - model.num_timesteps,
+                callback=[*manager.callbacks, evaluation],
+                reset_num_timesteps=state is None,
+            )
         model.env.close()
         eval_env.close()
+        if evaluation.paused:
+            return {"paused": True, "timesteps": evaluation.checkpoint_timesteps, "resumed": why}
         if model.num_timesteps < spec.steps:
             raise RuntimeError(f"training stopped at {model.num_timesteps} < {spec.steps} steps")
         final = evaluation.rows[-1]
+        segments = evaluation.finished_segments()
         marker = {
             "env": spec.env,
             "algo": spec.algo,
@@ -470,9 +689,8 @@ def _run_locked(spec: RunSpec) -> dict[str, Any]:
             "timesteps": model.num_timesteps,
             "final_mean_return": final[1],
             "train_time_s": final[4],
-            "eval_time_s": evaluation.eval_time,
-            "learn_time_s": learn_time,
-            "total_wall_time_s": time.perf_counter() - began,
+            "eval_time_s": evaluation.eval_before + evaluation.eval_time,
+            "total_wall_time_s": sum(part["wall_time_s"] for part in segments),
             "env_steps_per_s": final[5],
             "hyperparams_source": source,
             "overrides": {key: repr(value) for key, value in overrides.items()},
@@ -486,12 +704,14 @@ def _run_locked(spec: RunSpec) -> dict[str, Any]:
                 "sb3_ppo_ext": sb3_ppo_ext.__version__,
                 "torch": th.__version__,
             },
-            "sb3_ppo_ext_revision": source_revision(Path(sb3_ppo_ext.__file__).parent),
+            "sb3_ppo_ext_revision": revision,
             "cpu_count": os.cpu_count(),
+            "segments": segments,
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
     os.replace(tmp_csv, spec.csv_path)
     write_atomic(spec.marker_path, json.dumps(marker, indent=1) + "\n")
+    spec.checkpoint_path.unlink(missing_ok=True)  # finished: the marker and CSV are the result
     return marker
 
 
@@ -510,8 +730,22 @@ def build_matrix(args: argparse.Namespace) -> list[RunSpec]:
             for b in SUITES[args.suite]
         ]
     algos = args.algos or list(ALGOS)
+    deadline = time.time() + args.stop_after * 60 if args.stop_after else None
+    machine = args.machine or default_machine()
     return [
-        RunSpec(b.env, algo, seed, b.steps, b.eval_freq, args.eval_episodes, args.out, args.device)
+        RunSpec(
+            b.env,
+            algo,
+            seed,
+            b.steps,
+            b.eval_freq,
+            args.eval_episodes,
+            args.out,
+            args.device,
+            machine=machine,
+            segment_steps=args.segment_steps,
+            deadline=deadline,
+        )
         for b in budgets
         for seed in range(args.first_seed, args.first_seed + b.seeds)
         for algo in algos
@@ -541,14 +775,23 @@ def _exit_with_parent(parent_pid: int, interval_s: float = 1.0) -> None:
 
 
 def run_matrix(specs: list[RunSpec], workers: int) -> int:
-    """Run the unfinished specs in ``workers`` processes, printing one line per finished run; return the failure count."""
-    pending = [spec for spec in specs if not is_finished(spec)]
+    """
+    Run the unfinished specs in ``workers`` processes (each from its checkpoint when it has one),
+    printing one line per finished or paused run; return the failure count.
+    """
+    pending = []
+    for spec in specs:
+        if is_finished(spec):
+            spec.checkpoint_path.unlink(missing_ok=True)  # left by a run killed between its marker and this cleanup
+        else:
+            pending.append(spec)
     print(
         f"{len(specs)} runs, {len(specs) - len(pending)} already finished (skipped), {len(pending)} to run, {workers} workers"
     )
     if not pending:
         return 0
     failures = 0
+    paused = 0
     durations: list[float] = []
     started = time.perf_counter()
     context = multiprocessing.get_context("spawn")
@@ -570,6 +813,10 @@ def run_matrix(specs: list[RunSpec], workers: int) -> int:
                 failures += 1
                 print(f"[{done}/{len(pending)}] FAILED {name} (log: {spec.log_path})\n{traceback.format_exc()}", flush=True)
                 continue
+            if marker.get("paused"):
+                paused += 1
+                print(f"[{done}/{len(pending)}] PAUSED {name} at {marker['timesteps']} steps (checkpointed)", flush=True)
+                continue
             durations.append(marker["total_wall_time_s"])
             # Runs finish about every elapsed/done seconds with all workers busy.
             eta = elapsed / done * (len(pending) - done)
@@ -580,6 +827,8 @@ def run_matrix(specs: list[RunSpec], workers: int) -> int:
                 f"ETA {_format_duration(eta)}",
                 flush=True,
             )
+    if paused:
+        print(f"{paused} run(s) paused at a checkpoint; rerun the same command to continue them", flush=True)
     return failures
 
 
@@ -598,6 +847,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="parallel processes (default: core count)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"results folder (default {DEFAULT_OUT})")
+    parser.add_argument(
+        "--machine", help="label of this machine in the runs' segment records (default: host name and core count)"
+    )
+    parser.add_argument(
+        "--segment-steps", type=int, help="pause each run at its first checkpoint after this many more env steps"
+    )
+    parser.add_argument(
+        "--stop-after",
+        type=float,
+        help="minutes: pause the runs at their next checkpoint after this long, start no run after it",
+    )
     parser.add_argument("--list", action="store_true", help="print the matrix and whether each run is finished, then exit")
     return parser.parse_args(argv)
 
@@ -607,7 +867,9 @@ def main(argv: list[str] | None = None) -> int:
     specs = build_matrix(args)
     if args.list:
         for spec in specs:
-            print(f"{'done' if is_finished(spec) else 'todo'} {spec.env} {spec.algo} seed {spec.seed} ({spec.steps} steps)")
+            state, _ = read_checkpoint(spec)
+            status = "done" if is_finished(spec) else f"at {state['timesteps']}" if state else "todo"
+            print(f"{status} {spec.env} {spec.algo} seed {spec.seed} ({spec.steps} steps)")
         return 0
     failures = run_matrix(specs, max(1, args.workers))
     if failures:

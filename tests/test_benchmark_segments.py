@@ -1,0 +1,218 @@
+"""scripts/benchmark.py in segments: a run paused or killed at a checkpoint continues from it, on any machine."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import itertools
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch as th
+from test_benchmark import SCRIPTS, benchmark  # the script module, loaded once
+
+# Pendulum with the shipped entry's adaptive-KL variant, small rollouts (128 steps, one env) and
+# VecNormalize, so that a 1024-step run has eight updates, beta moves and statistics accumulate.
+TINY = (
+    "ppo_ext",
+    {
+        "n_envs": 1,
+        "n_steps": 128,
+        "batch_size": 64,
+        "n_epochs": 2,
+        "normalize": True,
+        "clip_range": None,
+        "kl_coef": 1.0,
+        "kl_target": 0.001,
+    },
+    "test variant: adaptive KL, 128-step rollouts, VecNormalize",
+)
+
+
+@pytest.fixture
+def tiny(monkeypatch, tmp_path):
+    monkeypatch.setitem(benchmark.ALGOS, "tiny_kl", TINY)
+    return benchmark.RunSpec("Pendulum-v1", "tiny_kl", 0, 1024, 256, 1, str(tmp_path / "a"), machine="first machine")
+
+
+def _rows(spec) -> list[dict[str, str]]:
+    with open(spec.csv_path, newline="") as file:
+        return list(csv.DictReader(file))
+
+
+def _returns(rows) -> list[tuple[int, str]]:
+    """Evaluation results without the timing columns (which differ from run to run)."""
+    return [(int(row["timesteps"]), row["mean_return"]) for row in rows]
+
+
+def test_paused_run_continues_from_its_checkpoint(tiny, tmp_path, monkeypatch):
+    # Uninterrupted, for reference.
+    whole = dataclasses.replace(tiny, out=str(tmp_path / "whole"))
+    benchmark.run_one(whole)
+    whole_rows = _returns(_rows(whole))
+    assert [step for step, _ in whole_rows] == [0, 256, 512, 768, 1024]
+
+    paused = benchmark.run_one(dataclasses.replace(tiny, segment_steps=384))
+    assert paused == {"paused": True, "timesteps": 384, "resumed": "no checkpoint"}
+    assert not tiny.marker_path.exists() and not tiny.csv_path.exists()
+    state, why = benchmark.read_checkpoint(tiny)
+    assert why == "checkpoint at 384 steps" and state["timesteps"] == 384
+    # Evaluations up to the checkpoint are in it, and equal to the uninterrupted run's (same process so far).
+    assert [(row[0], f"{row[1]:.6g}") for row in state["rows"]] == whole_rows[:2]
+    assert state["next_eval"] == 512
+    assert [(part["from_timesteps"], part["to_timesteps"], part["machine"]) for part in state["segments"]] == [
+        (0, 384, "first machine")
+    ]
+    from sb3_ppo_ext import PPOExt
+
+    checkpointed = PPOExt.load(io.BytesIO(state["model"]))  # its beta moved away from the initial 1.0
+    assert checkpointed.num_timesteps == 384 and checkpointed.current_kl_coef != 1.0
+    checkpointed_stats = pickle.loads(state["vec_normalize"])
+    assert checkpointed_stats.obs_rms.count > 384
+
+    restored = {}
+    original_restore = benchmark._restore
+
+    def spy(model, state, spec, eval_env):
+        model = original_restore(model, state, spec, eval_env)
+        vec_normalize = model.get_vec_normalize_env()
+        restored.update(
+            beta=model.current_kl_coef,
+            steps=model.num_timesteps,
+            mean=vec_normalize.obs_rms.mean.copy(),
+            count=vec_normalize.obs_rms.count,
+            params={key: value.clone() for key, value in model.policy.state_dict().items()},
+            lr=model.lr_schedule(model._current_progress_remaining),
+        )
+        return model
+
+    monkeypatch.setattr(benchmark, "_restore", spy)
+    marker = benchmark.run_one(dataclasses.replace(tiny, machine="second machine"))
+    assert restored["beta"] == checkpointed.current_kl_coef and restored["steps"] == 384
+    np.testing.assert_array_equal(restored["mean"], checkpointed_stats.obs_rms.mean)
+    assert restored["count"] == checkpointed_stats.obs_rms.count
+    for key, value in checkpointed.policy.state_dict().items():
+        assert th.equal(restored["params"][key], value), key
+    assert restored["lr"] == pytest.approx(checkpointed.lr_schedule(1 - 384 / 1024))
+
+    rows = _rows(tiny)
+    assert _returns(rows)[:2] == whole_rows[:2]
+    assert [step for step, _ in _returns(rows)] == [0, 256, 512, 768, 1024]
+    assert all(float(a["wall_time"]) < float(b["wall_time"]) for a, b in itertools.pairwise(rows[1:]))  # time adds up
+    assert [(part["from_timesteps"], part["to_timesteps"], part["machine"]) for part in marker["segments"]] == [
+        (0, 384, "first machine"),
+        (384, 1024, "second machine"),
+    ]
+    assert all(part["revision"] == marker["sb3_ppo_ext_revision"] for part in marker["segments"])
+    assert marker["total_wall_time_s"] == pytest.approx(sum(part["wall_time_s"] for part in marker["segments"]))
+    assert not tiny.checkpoint_path.exists()  # finished: the CSV and marker are the result
+    assert benchmark.is_finished(tiny)
+
+    # Segmented the same way again: the continuation is deterministic.
+    again = dataclasses.replace(tiny, out=str(tmp_path / "again"))
+    benchmark.run_one(dataclasses.replace(again, segment_steps=384))
+    benchmark.run_one(again)
+    assert _returns(_rows(again)) == _returns(rows)
+
+
+def test_checkpoint_of_other_settings_or_unreadable_is_not_continued(tiny):
+    benchmark.run_one(dataclasses.replace(tiny, segment_steps=256))
+    assert benchmark.read_checkpoint(tiny)[0]["timesteps"] == 256
+    # Another budget (here: evaluation episodes) is another run: not mixed with this one.
+    other = dataclasses.replace(tiny, eval_episodes=2)
+    state, why = benchmark.read_checkpoint(other)
+    assert state is None and "changed since checkpoint" in why
+    marker = benchmark.run_one(other)
+    assert [part["from_timesteps"] for part in marker["segments"]] == [0]
+    assert marker["budget"]["eval_episodes"] == 2 and not tiny.checkpoint_path.exists()
+
+    # A checkpoint cut short (or any foreign file) is reported and the run starts over.
+    benchmark.run_one(dataclasses.replace(tiny, segment_steps=256))
+    tiny.checkpoint_path.write_bytes(tiny.checkpoint_path.read_bytes()[:1000])
+    state, why = benchmark.read_checkpoint(tiny)
+    assert state is None and "is unreadable" in why
+    tiny.checkpoint_path.write_bytes(pickle.dumps({"format": 0}))
+    assert "not a format-1" in benchmark.read_checkpoint(tiny)[1]
+    marker = benchmark.run_one(tiny)
+    assert [part["from_timesteps"] for part in marker["segments"]] == [0]
+
+
+def test_past_deadline_starts_nothing_and_keeps_the_files(tiny):
+    benchmark.run_one(dataclasses.replace(tiny, segment_steps=256))
+    files = {path: path.read_bytes() for path in Path(tiny.out).rglob("*") if path.is_file() and path.suffix != ".log"}
+    result = benchmark.run_one(dataclasses.replace(tiny, deadline=time.time() - 1))
+    assert result["paused"] and result["timesteps"] == 256
+    assert {path: path.read_bytes() for path in files} == files
+    fresh = dataclasses.replace(tiny, seed=1, deadline=time.time() - 1)
+    assert benchmark.run_one(fresh) == {"paused": True, "timesteps": 0, "resumed": "no checkpoint"}
+    assert not fresh.csv_path.with_suffix(".csv.tmp").exists()
+
+
+def test_deadline_pauses_at_the_next_checkpoint(tiny):
+    long = dataclasses.replace(tiny, steps=1_000_000, deadline=time.time() + 2)
+    result = benchmark.run_one(long)
+    state, _ = benchmark.read_checkpoint(long)
+    assert result["paused"] and 0 < result["timesteps"] == state["timesteps"] < 1_000_000
+    assert result["timesteps"] % 128 == 0  # at a rollout boundary
+    assert all(row[0] <= state["timesteps"] for row in state["rows"]) and not long.marker_path.exists()
+
+
+def _benchmark_command(out: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        str(SCRIPTS / "benchmark.py"),
+        *("--envs", "Pendulum-v1", "--algos", "ppo", "--seeds", "1", "--steps", "16384", "--eval-freq", "4096"),
+        *("--eval-episodes", "1", "--workers", "1", "--out", str(out), *extra),
+    ]
+
+
+@pytest.mark.integration  # benchmark.py in subprocesses
+def test_killed_benchmark_resumes_from_the_last_checkpoint(tmp_path):
+    out = tmp_path / "results"
+    stem = out / "Pendulum-v1" / "ppo" / "seed0"
+    # Paused by --segment-steps: exit 0, the run's progress listed.
+    paused = subprocess.run(_benchmark_command(out, "--segment-steps", "4096"), capture_output=True, text=True, timeout=300)
+    assert paused.returncode == 0, paused.stdout + paused.stderr
+    assert "PAUSED Pendulum-v1 ppo seed 0 at 4096 steps" in paused.stdout
+    listed = subprocess.run(_benchmark_command(out, "--list"), capture_output=True, text=True, timeout=120)
+    assert "at 4096 Pendulum-v1 ppo seed 0" in listed.stdout
+
+    # Killed (SIGKILL, whole process group) once a later checkpoint exists.
+    process = subprocess.Popen(
+        _benchmark_command(out, "--machine", "killed"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            state, _ = benchmark.read_checkpoint(benchmark.RunSpec("Pendulum-v1", "ppo", 0, 16384, 4096, 1, str(out)))
+            if state is not None and state["timesteps"] >= 8192:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("no checkpoint at 8192 steps")
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    assert not stem.with_suffix(".done.json").exists()
+
+    finished = subprocess.run(_benchmark_command(out, "--machine", "last"), capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    marker = json.loads(stem.with_suffix(".done.json").read_text())
+    segments = [(part["from_timesteps"], part["machine"]) for part in marker["segments"]]
+    assert segments[0][0] == 0 and segments[-1][1] == "last" and len(segments) == 3
+    assert all(a["to_timesteps"] == b["from_timesteps"] for a, b in itertools.pairwise(marker["segments"]))
+    rows = list(csv.DictReader(open(stem.with_suffix(".csv"), newline="")))
+    assert [int(row["timesteps"]) for row in rows] == [0, 4096, 8192, 12288, 16384]
+    assert not stem.with_suffix(".ckpt").exists() and not list(stem.parent.glob("*.tmp"))
