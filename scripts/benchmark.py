@@ -53,13 +53,13 @@ import io
 import json
 import multiprocessing
 import os
-import pickle
 import platform
 import sys
 import tempfile
 import threading
 import time
 import traceback
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -253,56 +253,76 @@ def read_checkpoint(spec: RunSpec) -> tuple[dict[str, Any] | None, str]:
     """
     The run's checkpoint if it can be continued, else None and why not (no checkpoint, unreadable,
     another format, or settings that changed since: such a run is rerun, never mixed).
+
+    A checkpoint is a zip of ``state.json`` (evaluations, segments, settings fingerprint, the Python
+    and numpy generator states), ``arrays.npz`` (VecNormalize statistics, the torch and numpy
+    generator states; read without pickle) and ``model.zip`` (the model as ``model.save`` writes it).
     """
+    import numpy as np
+
     path = spec.checkpoint_path
     if not path.is_file():
         return None, "no checkpoint"
     try:
-        state = pickle.loads(path.read_bytes())
-    except Exception as error:  # truncated or foreign file: start over rather than crash
+        with zipfile.ZipFile(path) as archive:
+            state = json.loads(archive.read("state.json"))
+            if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+                return None, f"checkpoint {path} is not a format-{CHECKPOINT_FORMAT} benchmark checkpoint"
+            with np.load(io.BytesIO(archive.read("arrays.npz")), allow_pickle=False) as arrays:
+                state["arrays"] = {name: arrays[name] for name in arrays.files}
+            state["model"] = archive.read("model.zip")
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:  # truncated or foreign file: start over
         return None, f"checkpoint {path} is unreadable ({type(error).__name__}: {error})"
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        return None, f"checkpoint {path} is not a format-{CHECKPOINT_FORMAT} benchmark checkpoint"
     if state.get("fingerprint") != run_fingerprint(spec):
         return None, f"the run's budget or settings changed since checkpoint {path} was written"
     return state, f"checkpoint at {state['timesteps']} steps"
 
 
-def _random_states() -> dict[str, Any]:
-    import random
-
-    import numpy as np
-    import torch as th
-
-    return {"torch": th.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()}
+def _named_running_stats(vec_normalize) -> dict[str, Any]:
+    """VecNormalize's ``RunningMeanStd`` objects by name (``obs_rms`` is one per key for a Dict space)."""
+    obs_rms = vec_normalize.obs_rms
+    named = {f"obs_rms.{key}": rms for key, rms in obs_rms.items()} if isinstance(obs_rms, dict) else {"obs_rms": obs_rms}
+    return {**named, "ret_rms": vec_normalize.ret_rms}
 
 
-def _set_random_states(states: dict[str, Any]) -> None:
-    import random
-
-    import numpy as np
-    import torch as th
-
-    th.set_rng_state(states["torch"])
-    np.random.set_state(states["numpy"])
-    random.setstate(states["random"])
-
-
-def _checkpoint_state(model, spec: RunSpec, progress: dict[str, Any]) -> dict[str, Any]:
+def _checkpoint_bytes(model, spec: RunSpec, progress: dict[str, Any]) -> bytes:
     """Everything a later segment needs, at a rollout boundary (after an update, before the next rollout)."""
-    buffer = io.BytesIO()
-    model.save(buffer)  # policy, optimizer, num_timesteps, the learning-rate schedule, PPOExt's current beta
+    import random
+
+    import numpy as np
+    import torch as th
+
+    model_file = io.BytesIO()
+    model.save(model_file)  # policy, optimizer, num_timesteps, the learning-rate schedule, PPOExt's current beta
+    name, keys, position, has_gauss, cached_gaussian = np.random.get_state()
+    version, python_state, python_gauss = random.getstate()
     vec_normalize = model.get_vec_normalize_env()
-    return {
+    stats = {} if vec_normalize is None else _named_running_stats(vec_normalize)
+    arrays = {
+        "torch_rng": th.get_rng_state().numpy(),
+        "numpy_rng_keys": keys,
+        **{
+            f"{name}.{field}": np.asarray(getattr(rms, field), dtype=np.float64)
+            for name, rms in stats.items()
+            for field in ("mean", "var", "count")
+        },
+    }
+    state = {
         "format": CHECKPOINT_FORMAT,
         "fingerprint": run_fingerprint(spec),
         "timesteps": model.num_timesteps,
-        "model": buffer.getvalue(),
-        # VecNormalize pickles its statistics and settings without the wrapped envs.
-        "vec_normalize": None if vec_normalize is None else pickle.dumps(vec_normalize),
-        "random_states": _random_states(),
+        "numpy_rng": [name, int(position), int(has_gauss), float(cached_gaussian)],
+        "python_rng": [version, list(python_state), python_gauss],
         **progress,
     }
+    array_file = io.BytesIO()
+    np.savez(array_file, **arrays)
+    archive_file = io.BytesIO()
+    with zipfile.ZipFile(archive_file, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("state.json", json.dumps(state))
+        archive.writestr("arrays.npz", array_file.getvalue())
+        archive.writestr("model.zip", model_file.getvalue())
+    return archive_file.getvalue()
 
 
 def _restore(model, state: dict[str, Any], spec: RunSpec, eval_env):
@@ -312,15 +332,26 @@ def _restore(model, state: dict[str, Any], spec: RunSpec, eval_env):
     continued run starts new episodes, seeded from the run's seed and the step it resumes at, so a
     resumed run is deterministic but not bit-identical to an uninterrupted one.
     """
+    import random
+
+    import numpy as np
+    import torch as th
+
     env = model.get_env()
     restored = type(model).load(io.BytesIO(state["model"]), env=env, device=spec.device)  # force_reset: new episodes
-    if state["vec_normalize"] is not None:
-        saved = pickle.loads(state["vec_normalize"])
-        vec_normalize = restored.get_vec_normalize_env()
-        vec_normalize.obs_rms, vec_normalize.ret_rms = saved.obs_rms, saved.ret_rms
+    arrays = state["arrays"]
+    vec_normalize = restored.get_vec_normalize_env()
+    for name, rms in ({} if vec_normalize is None else _named_running_stats(vec_normalize)).items():
+        rms.mean, rms.var = arrays[f"{name}.mean"].copy(), arrays[f"{name}.var"].copy()
+        rms.count = float(arrays[f"{name}.count"])
     env.seed(spec.seed + restored.num_timesteps)
     eval_env.seed(spec.seed + restored.num_timesteps + 1_000_003)  # apart from the training envs' seeds
-    _set_random_states(state["random_states"])  # after load, which reseeds everything from the model's seed
+    # After load, which reseeds every generator from the model's seed.
+    th.set_rng_state(th.from_numpy(arrays["torch_rng"].copy()))
+    name, position, has_gauss, cached_gaussian = state["numpy_rng"]
+    np.random.set_state((name, arrays["numpy_rng_keys"], position, has_gauss, cached_gaussian))
+    version, python_state, python_gauss = state["python_rng"]
+    random.setstate((version, tuple(python_state), python_gauss))
     return restored
 
 
@@ -465,18 +496,14 @@ def _make_eval_callback(
             return [*self.segments, current]
 
         def checkpoint(self) -> None:
-            state = _checkpoint_state(
-                self.model,
-                spec,
-                {
-                    "rows": self.rows,
-                    "next_eval": self.next_eval,
-                    "train_time_s": self.train_before + self.train_time(),
-                    "eval_time_s": self.eval_before + self.eval_time,
-                    "segments": self.finished_segments(),
-                },
-            )
-            write_atomic(spec.checkpoint_path, pickle.dumps(state))
+            progress = {
+                "rows": self.rows,
+                "next_eval": self.next_eval,
+                "train_time_s": self.train_before + self.train_time(),
+                "eval_time_s": self.eval_before + self.eval_time,
+                "segments": self.finished_segments(),
+            }
+            write_atomic(spec.checkpoint_path, _checkpoint_bytes(self.model, spec, progress))
             self.rows_at_checkpoint = len(self.rows)
             self.checkpoint_timesteps = self.num_timesteps
 
@@ -658,10 +685,18 @@ def _run_locked(spec: RunSpec) -> dict[str, Any]:
             model = _restore(model, state, spec, eval_env)
             progress = state
         revision = source_revision(Path(sb3_ppo_ext.__file__).parent)
+        versions = {
+            "python": sys.version.split()[0],
+            "stable_baselines3": stable_baselines3.__version__,
+            "rl_zoo3": rl_zoo3.__version__,
+            "sb3_ppo_ext": sb3_ppo_ext.__version__,
+            "torch": th.__version__,
+        }
         segment = {
             "from_timesteps": model.num_timesteps,
             "machine": spec.machine or default_machine(),
             "cpu_count": os.cpu_count(),
+            "versions": versions,
             "revision": revision,
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
@@ -697,13 +732,7 @@ def _run_locked(spec: RunSpec) -> dict[str, Any]:
             "hyperparams": {key: repr(value) for key, value in saved_hyperparams.items()},
             "n_envs": manager.n_envs,
             "normalize": manager.normalize,
-            "versions": {
-                "python": sys.version.split()[0],
-                "stable_baselines3": stable_baselines3.__version__,
-                "rl_zoo3": rl_zoo3.__version__,
-                "sb3_ppo_ext": sb3_ppo_ext.__version__,
-                "torch": th.__version__,
-            },
+            "versions": versions,
             "sb3_ppo_ext_revision": revision,
             "cpu_count": os.cpu_count(),
             "segments": segments,

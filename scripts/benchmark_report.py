@@ -1,29 +1,57 @@
-"""Build docs/BENCHMARKS.md and its learning-curve PNGs from the CSVs of scripts/benchmark.py.
+"""Build docs/BENCHMARKS.md and its figures from the CSVs of scripts/benchmark.py, one section per suite.
 
-Per env: final deterministic return across seeds (mean, std, IQM with a 95 % percentile bootstrap
-confidence interval: ``scipy.stats.bootstrap`` of ``scipy.stats.trim_mean(x, 0.25)``, the IQM of
-rliable), steps to a stated threshold, wall-clock and env-steps per second; a PNG of the learning
-curves (mean across seeds, 95 % bootstrap band); the throughput table of ``scripts/throughput.py
---json``; the suite's coverage (what was run and what was not) and the issue's targets, each met,
-missed or not measured yet.
+The score of a run is its final deterministic evaluation return (the last CSV row). Per env (one task:
+score arrays of shape ``(runs, 1)``), the statistics are rliable's (Agarwal et al., "Deep reinforcement
+learning at the edge of the statistical precipice", NeurIPS 2021):
 
-Only finished runs (CSV and done marker) count. The inputs are copied to
-``docs/benchmarks/data/`` (``--keep-data``), so the committed report can be rebuilt from the
-committed evidence:
+- IQM, ``rliable.metrics.aggregate_iqm`` (the mean of the middle 50 % of the runs, ``trim_mean(x, 0.25)``),
+  with a 95 % stratified-bootstrap percentile CI (``rliable.library.get_interval_estimates``);
+- probability of improvement of each PPOExt variant (every algorithm but ``ppo`` and ``trpo``) over stock
+  PPO and over TRPO, ``metrics.probability_of_improvement``: the Mann-Whitney U statistic over
+  ``n_x * n_y``, i.e. P(X > Y) + P(X = Y) / 2 for a random run of each; its 95 % CI resamples the runs
+  of the two algorithms independently (rliable's ``StratifiedIndependentBootstrap``), each with its own
+  run count, so unequal seed counts are fine;
+- performance profiles (fraction of runs whose final return is above tau, 95 % CIs),
+  ``library.create_performance_profile``;
 
-    python scripts/benchmark_report.py --results logs/benchmark
-    python scripts/benchmark_report.py --results docs/benchmarks/data --keep-data ""
+drawn with ``rliable.plot_utils`` (IQM intervals, probability of improvement, performance profile) beside
+the learning curves (mean across seeds, 95 % percentile bootstrap band of ``scipy.stats.bootstrap``).
+rliable draws its resamples from NumPy's global generator (its ``random_state`` argument does not
+reach the resampling), so each estimate is computed with that generator seeded with 0 and restored
+afterwards: the report is reproducible. Also: mean ± std, steps to a stated threshold, wall-clock and
+env-steps/s (compared only within one machine; a run whose segments ran on different machines counts
+as mixed and stays out of them), the throughput table of ``scripts/throughput.py --json``, each suite's
+coverage (what was run and what was not) and targets (met, missed or not measured yet), and every run's
+segments, machines and commits.
+
+Only finished runs (CSV and done marker) count; a suite without any is reported as not run yet. The
+figures go to ``docs/benchmarks/figures/<suite>/``: ``<env>.png`` (learning curves), ``<env>-iqm.png``,
+``<env>-profile.png`` and ``<env>-improvement.png``. Each suite's inputs are copied to its data folder
+(``--keep-data``; ``docs/benchmarks/data`` for ``issue``, ``docs/benchmarks/data-1m`` for ``mujoco-1m``,
+where ``scripts/benchmark.py --suite mujoco-1m --out docs/benchmarks/data-1m`` writes them in the first
+place), so the committed report can be rebuilt from the committed evidence:
+
+    python scripts/benchmark_report.py --results issue=logs/benchmark --results mujoco-1m=docs/benchmarks/data-1m
+    python scripts/benchmark_report.py --results issue=docs/benchmarks/data \\
+        --results mujoco-1m=docs/benchmarks/data-1m --keep-data ""
+
+(``--results FOLDER`` alone is the suite of ``--suite``, ``issue`` by default; the report's own
+Reproduce section gives the full command, with the throughput files, notes and GPU note.)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
+import functools
+import inspect
 import json
+import os
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +64,24 @@ from benchmark import ALGOS, SUITES
 from sb3_ppo_ext.hyperparams import PPO_EXT_YML
 
 STOCK = "ppo"
+GPU_NOTE = Path("docs/benchmarks/gpu/note.md")  # what scripts/gpu_check.py --device cuda found, written by hand
+TRPO = "trpo"
+# The references every other algorithm (a PPOExt variant) is compared with.
+BASELINES = (STOCK, TRPO)
 CONFIDENCE = 0.95
-N_RESAMPLES = 10_000
+N_RESAMPLES = 10_000  # the learning curves' bands (scipy)
+# rliable's bootstrap resamples: its README's 50 000 for aggregate metrics would cost minutes here for
+# 10 000's third decimal; 2 000 is its default for performance profiles (and its examples' for the
+# probability of improvement, whose values are multiples of 1 / (n_x n_y) anyway).
+IQM_REPS = 10_000
+IMPROVEMENT_REPS = 2_000
+PROFILE_REPS = 2_000
+SEED = 0
+DASH = "\u2013"  # an en dash: ranges of steps and seeds (0-300k, seeds 0-15 with it)
+# Each suite's committed evidence (--keep-data's default); other suites: docs/benchmarks/data-<suite>.
+DATA_FOLDERS = {"issue": "docs/benchmarks/data", "mujoco-1m": "docs/benchmarks/data-1m"}
+# Suites judged by the mujoco-1m goal instead of issue 5's targets.
+GOAL_1M_SUITES = ("mujoco-1m",)
 # Returns that mean "has learned the task": for Pendulum (no official threshold) a common choice,
 # LunarLander's official one. Hopper's 1000 turned out to be the level of the alive bonus (about 1 per step for 1000
 # steps), which a policy reaches by balancing in place: read it as "stays up", not as locomotion. HalfCheetah's is provisional.
@@ -74,6 +118,15 @@ class Run:
     csv_path: Path
 
 
+@dataclasses.dataclass
+class SuiteResults:
+    """The finished runs of one suite, read from one results folder."""
+
+    name: str
+    folder: Path
+    runs: dict[str, dict[str, list[Run]]]
+
+
 class BadRunError(ValueError):
     """A finished run's CSV cannot be a benchmark's evaluation record."""
 
@@ -81,6 +134,7 @@ class BadRunError(ValueError):
 def load_runs(results: Path) -> dict[str, dict[str, list[Run]]]:
     """
     Finished runs under ``results`` (``<env>/<algo>/seed<k>.csv`` with ``seed<k>.done.json``), by env and algo.
+    A folder that does not exist has none.
 
     :raises BadRunError: a CSV that is unreadable or whose evaluation steps do not increase (e.g.
         rows of two processes interleaved): the report is not built from it
@@ -117,26 +171,201 @@ def load_runs(results: Path) -> dict[str, dict[str, list[Run]]]:
     }
 
 
-def iqm(values: np.ndarray, axis: int = -1) -> np.ndarray:
-    """Interquartile mean: the mean of the middle 50 % (``trim_mean(x, 0.25)``, as rliable's IQM)."""
-    return stats.trim_mean(values, 0.25, axis=axis)
+# --- rliable ------------------------------------------------------------------------------------
 
 
-def bootstrap_ci(values: np.ndarray, statistic=iqm, seed: int = 0) -> tuple[float, float]:
-    """95 % percentile bootstrap CI of ``statistic`` over the seeds (min and max of the values if < 2 or all equal)."""
-    values = np.asarray(values, dtype=float)
-    if len(values) < 2 or np.all(values == values[0]):
-        return float(values.min()), float(values.max())
-    result = stats.bootstrap(
-        (values,),
-        statistic,
-        confidence_level=CONFIDENCE,
-        n_resamples=N_RESAMPLES,
-        method="percentile",
-        vectorized=True,
-        rng=np.random.default_rng(seed),
-    )
-    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+def _import_arch() -> None:
+    """
+    Import arch, rliable's bootstrap, under pandas 3 too. rliable 1.2 (the newest) needs arch < 8: it
+    hands arch's bootstrap the ``random_state`` argument that arch 8 removed. arch 7 decorates one of
+    its GARCH methods with pandas' private ``deprecate_kwarg(old, new)``, which pandas 3 changed to
+    ``deprecate_kwarg(warning_class, old, new)``, so arch 7 fails at import under pandas 3. For that
+    import only, pandas 3's function gets the warning class arch 7 meant; the bootstrap does not use it.
+    """
+    import pandas.util._decorators as decorators
+
+    original = decorators.deprecate_kwarg
+    if "klass" in inspect.signature(original).parameters:
+        decorators.deprecate_kwarg = functools.partial(original, FutureWarning)
+    try:
+        import arch  # noqa: F401
+    finally:
+        decorators.deprecate_kwarg = original
+
+
+def _rliable() -> tuple[Any, Any, Any]:
+    """rliable's ``library``, ``metrics`` and ``plot_utils`` (imported on first use; matplotlib on Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    try:
+        if "arch" not in sys.modules:
+            _import_arch()
+        from rliable import library, metrics, plot_utils
+    except ImportError as error:
+        raise ImportError(f'the report needs rliable ({error}): pip install -e ".[bench]"') from error
+    return library, metrics, plot_utils
+
+
+@contextlib.contextmanager
+def _seeded() -> Iterator[None]:
+    """NumPy's global generator seeded with :data:`SEED` (rliable resamples with ``np.random.choice``), then restored."""
+    state = np.random.get_state()
+    np.random.seed(SEED)
+    try:
+        yield
+    finally:
+        np.random.set_state(state)
+
+
+def _scores(values: Iterable[float]) -> np.ndarray:
+    """rliable's score matrix of one env: ``(runs, 1)``."""
+    return np.asarray(list(values), dtype=float).reshape(-1, 1)
+
+
+def iqm_with_ci(finals: Iterable[float]) -> tuple[float, tuple[float, float]]:
+    """rliable's IQM of the runs' final returns and its 95 % stratified-bootstrap percentile CI."""
+    library, metrics, _ = _rliable()
+    with _seeded():
+        points, intervals = library.get_interval_estimates(
+            {"runs": _scores(finals)},
+            lambda scores: np.array([metrics.aggregate_iqm(scores)]),
+            reps=IQM_REPS,
+            confidence_interval_size=CONFIDENCE,
+        )
+    low, high = np.ravel(intervals["runs"])
+    return float(points["runs"][0]), (float(low), float(high))
+
+
+def improvement_probability(x: Iterable[float], y: Iterable[float]) -> tuple[float, tuple[float, float]]:
+    """
+    rliable's probability of improvement of X over Y (the Mann-Whitney U of X's runs against Y's,
+    over ``n_x * n_y``: ties count one half) and its 95 % CI, each algorithm's runs resampled on their
+    own (stratified independent bootstrap; the run counts may differ).
+    """
+    library, metrics, _ = _rliable()
+    with _seeded():
+        points, intervals = library.get_interval_estimates(
+            {"x,y": (_scores(x), _scores(y))},
+            metrics.probability_of_improvement,
+            reps=IMPROVEMENT_REPS,
+            confidence_interval_size=CONFIDENCE,
+        )
+    low, high = np.ravel(intervals["x,y"])
+    return float(points["x,y"]), (float(low), float(high))
+
+
+def performance_profiles(
+    finals: dict[str, np.ndarray], taus: np.ndarray
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """rliable's score distribution of each algorithm (fraction of runs above each tau) and its 95 % CIs."""
+    library, _, _ = _rliable()
+    profiles, intervals = {}, {}
+    for algo, values in finals.items():  # one call each: an algorithm's band does not depend on the others
+        with _seeded():
+            profile, interval = library.create_performance_profile(
+                {algo: _scores(values)}, taus, reps=PROFILE_REPS, confidence_interval_size=CONFIDENCE
+            )
+        profiles.update(profile)
+        intervals.update(interval)
+    return profiles, intervals
+
+
+# --- segments and machines ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """A stretch of a run's training, trained in one go on one machine."""
+
+    from_timesteps: int
+    to_timesteps: int
+    machine: str
+    revision: str | None
+    ended_at: str | None
+    started_at: str | None = None
+    train_time_s: float | None = None
+    label: str | None = None  # the ``--machine`` label the segment recorded (which machine, by name)
+
+
+def machine(marker: dict[str, Any]) -> str:
+    """
+    Where a run ran, as far as its marker says: core count and software versions. Timings are
+    only compared between runs of one machine.
+    """
+    versions = ", ".join(f"{key} {value}" for key, value in marker.get("versions", {}).items())
+    return f"{marker.get('cpu_count')} CPU cores; {versions}"
+
+
+def _segment_machine(segment: dict[str, Any], marker: dict[str, Any]) -> str:
+    """
+    A segment's kind of machine, as :func:`machine` gives it for a whole run: its core count and
+    software versions (the segment's own; for segments that did not record them, the marker's,
+    that is the last segment's). Timings compare within one kind; the segment's ``--machine``
+    label, which names the machine, is listed with the segments.
+    """
+    return machine({"cpu_count": segment.get("cpu_count"), "versions": segment.get("versions") or marker.get("versions", {})})
+
+
+def run_segments(marker: dict[str, Any]) -> list[Segment]:
+    """
+    The segments a run was trained in: its marker's ``segments``, or for a marker without them (one
+    written before runs could be resumed) one segment from step 0 to the marker's, on :func:`machine`.
+    """
+    if not marker.get("segments"):
+        return [
+            Segment(
+                from_timesteps=0,
+                to_timesteps=int(marker["timesteps"]),
+                machine=machine(marker),
+                revision=marker.get("sb3_ppo_ext_revision"),
+                ended_at=marker.get("finished_at"),
+                train_time_s=marker.get("train_time_s"),
+            )
+        ]
+    return [
+        Segment(
+            from_timesteps=int(segment["from_timesteps"]),
+            to_timesteps=int(segment["to_timesteps"]),
+            machine=_segment_machine(segment, marker),
+            revision=segment.get("revision"),
+            ended_at=segment.get("ended_at"),
+            started_at=segment.get("started_at"),
+            train_time_s=segment.get("train_time_s"),
+            label=segment.get("machine"),
+        )
+        for segment in marker["segments"]
+    ]
+
+
+def run_machines(run: Run) -> list[str]:
+    """The machines a run's segments ran on, in order of first use."""
+    return list(dict.fromkeys(segment.machine for segment in run_segments(run.marker)))
+
+
+def is_mixed(run: Run) -> bool:
+    """Whether a run's segments ran on more than one machine: its timings compare with nothing."""
+    return len(run_machines(run)) > 1
+
+
+def all_runs(runs: dict[str, dict[str, list[Run]]]) -> Iterator[Run]:
+    """Every run of ``runs``, env by env and algo by algo."""
+    for by_algo in runs.values():
+        for algo_runs in by_algo.values():
+            yield from algo_runs
+
+
+def machine_labels(suites: list[dict[str, dict[str, list[Run]]]]) -> dict[str, str]:
+    """A letter per machine of any segment of any suite's runs, in order of first appearance."""
+    labels: dict[str, str] = {}
+    for runs in suites:
+        for run in all_runs(runs):
+            for name in run_machines(run):
+                labels.setdefault(name, chr(ord("A") + len(labels)))
+    return labels
+
+
+# --- statistics ---------------------------------------------------------------------------------
 
 
 def steps_to_threshold(run: Run, threshold: float) -> float:
@@ -158,7 +387,9 @@ class Summary:
     threshold_steps: list[float]
     wall_s: float
     fps: float
-    machines: tuple[str, ...]
+    machines: tuple[str, ...]  # of the runs whose timings count (each on one machine)
+    mixed_runs: int = 0  # runs whose segments ran on different machines: left out of the timings
+    all_machines: tuple[str, ...] = ()
 
     @property
     def mean(self) -> float:
@@ -176,42 +407,34 @@ class Summary:
 
 def summarize(algo: str, runs: list[Run], threshold: float | None) -> Summary:
     finals = np.array([run.returns[-1] for run in runs])
+    timed = [run for run in runs if not is_mixed(run)]
+    iqm, ci = iqm_with_ci(finals)
     return Summary(
         algo=algo,
         seeds=[run.seed for run in runs],
         final_steps=int(min(run.timesteps[-1] for run in runs)),
         finals=finals,
-        iqm=float(iqm(finals)),
-        ci=bootstrap_ci(finals),
+        iqm=iqm,
+        ci=ci,
         threshold_steps=[steps_to_threshold(run, threshold) for run in runs] if threshold is not None else [],
-        wall_s=float(np.mean([run.marker["total_wall_time_s"] for run in runs])),
-        fps=float(np.mean([run.marker["env_steps_per_s"] for run in runs])),
-        machines=tuple(sorted({machine(run.marker) for run in runs})),
+        wall_s=float(np.mean([run.marker["total_wall_time_s"] for run in timed])) if timed else float("nan"),
+        fps=float(np.mean([run.marker["env_steps_per_s"] for run in timed])) if timed else float("nan"),
+        machines=tuple(sorted({name for run in timed for name in run_machines(run)})),
+        mixed_runs=len(runs) - len(timed),
+        all_machines=tuple(sorted({name for run in runs for name in run_machines(run)})),
     )
 
 
-def machine(marker: dict[str, Any]) -> str:
-    """
-    Where a run ran, as far as its marker says: core count and software versions. Timings are
-    only compared between runs of one machine.
-    """
-    versions = ", ".join(f"{key} {value}" for key, value in marker.get("versions", {}).items())
-    return f"{marker.get('cpu_count')} CPU cores; {versions}"
-
-
-def all_runs(runs: dict[str, dict[str, list[Run]]]) -> Iterator[Run]:
-    """Every run of ``runs``, env by env and algo by algo."""
-    for by_algo in runs.values():
-        for algo_runs in by_algo.values():
-            yield from algo_runs
-
-
-def machine_labels(runs: dict[str, dict[str, list[Run]]]) -> dict[str, str]:
-    """A letter per machine, in order of first appearance."""
-    labels: dict[str, str] = {}
-    for run in all_runs(runs):
-        labels.setdefault(machine(run.marker), chr(ord("A") + len(labels)))
-    return labels
+def improvements(summaries: list[Summary]) -> dict[tuple[str, str], tuple[float, tuple[float, float]]]:
+    """Probability of improvement (and CI) of each PPOExt variant over each baseline that ran, by ``(variant, baseline)``."""
+    finals = {s.algo: s.finals for s in summaries}
+    return {
+        (algo, baseline): improvement_probability(finals[algo], finals[baseline])
+        for algo in finals
+        if algo not in BASELINES
+        for baseline in BASELINES
+        if baseline in finals
+    }
 
 
 def curve_band(runs: list[Run]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -237,37 +460,124 @@ def curve_band(runs: list[Run]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     return timesteps, mean, low, high
 
 
-def plot_env(env: str, by_algo: dict[str, list[Run]], path: Path, threshold: float | None) -> None:
+# --- figures ------------------------------------------------------------------------------------
+
+
+def algo_colors(algos: Iterable[str]) -> dict[str, str]:
+    """One colour per algorithm, the same in every figure and on every env (by its place in ALGOS)."""
+    order = [*ALGOS, *sorted(set(algos) - set(ALGOS))]
+    return {algo: f"C{order.index(algo) % 10}" for algo in algos}
+
+
+def _save(figure, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(figure)
+
+
+def plot_env(env: str, by_algo: dict[str, list[Run]], path: Path, threshold: float | None, title: str = "") -> None:
     """PNG of the learning curves of every algo on ``env``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    colors = algo_colors(by_algo)
     # Left: the whole run; right: the second half, where the final returns are decided.
     figure, (whole, late) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=100)
     for algo, runs in by_algo.items():
         timesteps, mean, low, high = curve_band(runs)
-        (line,) = whole.plot(timesteps, mean, label=f"{algo} ({len(runs)} seeds)")
-        whole.fill_between(timesteps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+        color = colors[algo]
+        whole.plot(timesteps, mean, color=color, label=f"{algo} ({len(runs)} seeds)")
+        whole.fill_between(timesteps, low, high, color=color, alpha=0.2, linewidth=0)
         second_half = timesteps >= timesteps[-1] / 2
-        late.plot(timesteps[second_half], mean[second_half], color=line.get_color(), marker="o", markersize=3)
-        late.fill_between(
-            timesteps[second_half], low[second_half], high[second_half], color=line.get_color(), alpha=0.2, linewidth=0
-        )
+        late.plot(timesteps[second_half], mean[second_half], color=color, marker="o", markersize=3)
+        late.fill_between(timesteps[second_half], low[second_half], high[second_half], color=color, alpha=0.2, linewidth=0)
     for axes in (whole, late):
         if threshold is not None:
             axes.axhline(threshold, color="grey", linestyle="--", linewidth=1, label=f"threshold {threshold:g}")
         axes.set_xlabel("env steps")
         axes.grid(alpha=0.3)
     whole.set_ylabel("mean return")
-    whole.set_title(f"{env}: deterministic evaluation return", fontsize=9)
+    whole.set_title(f"{env}{title}: deterministic evaluation return", fontsize=9)
     late.set_title("second half of training (mean, 95 % bootstrap CI across seeds)", fontsize=9)
     whole.legend(fontsize=8)
     figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path)
-    plt.close(figure)
+    _save(figure, path)
+
+
+def plot_iqm(env: str, summaries: list[Summary], path: Path, title: str = "") -> None:
+    """rliable's interval plot of each algorithm's IQM (95 % stratified-bootstrap CI)."""
+    _, _, plot_utils = _rliable()
+    algos = [s.algo for s in summaries]
+    figure, axes = plot_utils.plot_interval_estimates(
+        {s.algo: np.array([s.iqm]) for s in summaries},
+        {s.algo: np.array([[s.ci[0]], [s.ci[1]]]) for s in summaries},
+        metric_names=[f"{env}{title}: IQM of the final return, 95 % CI"],
+        algorithms=algos,
+        colors=algo_colors(algos),
+        xlabel="",
+        subfigure_width=6.0,
+        row_height=0.5,
+    )
+    axes.set_xlabel("final return", fontsize="medium")
+    axes.tick_params(labelsize="medium")
+    axes.set_title(axes.get_title(), fontsize="medium")
+    _save(figure, path)
+
+
+def plot_improvements(
+    env: str, found: dict[tuple[str, str], tuple[float, tuple[float, float]]], path: Path, title: str = ""
+) -> None:
+    """rliable's probability-of-improvement plot: each PPOExt variant X over each baseline Y."""
+    import matplotlib.pyplot as plt
+
+    _, _, plot_utils = _rliable()
+    colors = algo_colors({x for x, _ in found})
+    figure, axes = plt.subplots(figsize=(5, 0.55 * len(found) + 1.2))
+    plot_utils.plot_probability_of_improvement(
+        {f"{x},{y}": p for (x, y), (p, _) in found.items()},
+        {f"{x},{y}": np.array(ci) for (x, y), (_, ci) in found.items()},
+        ax=axes,
+        colors=[colors[x] for x, _ in found],
+        xlabel="P(X > Y), final return",
+        ticklabelsize="medium",
+        labelsize="medium",
+    )
+    axes.axvline(0.5, color="grey", linestyle="--", linewidth=1)
+    axes.set_xlim(0, 1)
+    axes.set_title(f"{env}{title}: probability of improvement (95 % CI)", fontsize="medium", pad=22)
+    _save(figure, path)
+
+
+def plot_profiles(env: str, summaries: list[Summary], path: Path, title: str = "") -> None:
+    """rliable's performance profiles: the fraction of runs whose final return is above tau, with 95 % CIs."""
+    import matplotlib.pyplot as plt
+
+    _, _, plot_utils = _rliable()
+    finals = {s.algo: s.finals for s in summaries}
+    low, high = min(f.min() for f in finals.values()), max(f.max() for f in finals.values())
+    margin = 0.05 * (high - low) or 1.0
+    taus = np.linspace(low - margin, high + margin, 101)
+    profiles, intervals = performance_profiles(finals, taus)
+    figure, axes = plt.subplots(figsize=(6, 3.6))
+    plot_utils.plot_performance_profiles(
+        profiles,
+        taus,
+        performance_profile_cis=intervals,
+        colors=algo_colors(finals),
+        ax=axes,
+        xlabel=r"final return $\tau$",
+        ylabel=r"fraction of runs above $\tau$",
+        labelsize="medium",
+        ticklabelsize="medium",
+        legend=True,
+        legendsize="small",
+    )
+    axes.set_title(f"{env}{title}: performance profile (95 % CIs)", fontsize="medium")
+    _save(figure, path)
 
 
 # --- markdown -----------------------------------------------------------------------------------
@@ -312,6 +622,32 @@ def identical_to_stock(runs: dict[str, dict[str, list[Run]]]) -> set[tuple[str, 
     }
 
 
+def _budget(steps: int) -> str:
+    """A step budget as the suites state it: 100k, 1M."""
+    return f"{steps // 1_000_000}M" if steps % 1_000_000 == 0 else f"{steps // 1000}k"
+
+
+def _seed_list(seeds: list[int]) -> str:
+    """Seeds as ranges: 0-2, 5, 7-15."""
+    parts: list[str] = []
+    for seed in sorted(seeds):
+        if parts and parts[-1][1] == seed - 1:
+            parts[-1][1] = seed
+        else:
+            parts.append([seed, seed])
+    return ", ".join(str(a) if a == b else f"{a}{DASH}{b}" for a, b in parts)
+
+
+def _timing_cells(s: Summary) -> tuple[str, str]:
+    """Wall-clock and env-steps/s cells: runs whose segments ran on different machines are left out."""
+    if not s.machines:
+        return "— (runs split across machines)", "— (runs split across machines)"
+    fps = f"{s.fps:.0f}"
+    if s.mixed_runs:
+        fps += f" (without {s.mixed_runs} run{'s' if s.mixed_runs > 1 else ''} split across machines)"
+    return f"{s.wall_s:.0f} s", fps
+
+
 def env_table(
     summaries: list[Summary],
     threshold: float | None,
@@ -340,6 +676,8 @@ def env_table(
             crossing = "no threshold set"
         if stock is None or s is stock:
             ratio = "—"
+        elif not s.machines or not stock.machines:
+            ratio = "— (runs split across machines)"
         elif len(s.machines) != 1 or s.machines != stock.machines:
             ratio = "— (ran on another machine than stock PPO)"
         else:
@@ -348,11 +686,31 @@ def env_table(
         name = f"`{s.algo}`"
         if s.algo in identical:
             name += " (= stock PPO: every evaluation of each of its seeds identical)"
+        wall, fps = _timing_cells(s)
         lines.append(
             f"| {name} | {len(s.seeds)} | {s.final_steps} | {s.mean:.1f} ± {s.std:.1f} | {s.iqm:.1f} | "
-            f"[{s.ci[0]:.1f}, {s.ci[1]:.1f}] | {crossing} | {s.wall_s:.0f} s | {s.fps:.0f} | {ratio} |"
-            + (f" {'+'.join(labels[m] for m in s.machines)} |" if labels else "")
+            f"[{s.ci[0]:.1f}, {s.ci[1]:.1f}] | {crossing} | {wall} | {fps} | {ratio} |"
+            + (f" {'+'.join(sorted(labels[m] for m in s.all_machines))} |" if labels else "")
         )
+    return lines
+
+
+def improvement_table(summaries: list[Summary], found: dict[tuple[str, str], tuple[float, tuple[float, float]]]) -> list[str]:
+    """Probability of improvement of each PPOExt variant over each baseline that ran on the env."""
+    baselines = [b for b in BASELINES if any(s.algo == b for s in summaries)]
+    variants = [s for s in summaries if s.algo not in BASELINES]
+    if not baselines or not variants:
+        return ["No probability of improvement: it needs a PPOExt variant and `ppo` or `trpo` on this env."]
+    lines = [
+        "| algorithm X | " + " | ".join(f"P(X > `{b}`) | 95 % CI" for b in baselines) + " |",
+        "|---|" + "---|---|" * len(baselines),
+    ]
+    for s in variants:
+        cells = []
+        for baseline in baselines:
+            p, (low, high) = found[s.algo, baseline]
+            cells.append(f"{p:.2f} | [{low:.2f}, {high:.2f}]")
+        lines.append(f"| `{s.algo}` | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -429,7 +787,7 @@ def targets_section(
     above = []
     for env in suite_envs:
         by_algo = {s.algo: s for s in summaries.get(env, [])}
-        ext = [s for algo, s in by_algo.items() if algo != STOCK]
+        ext = [s for algo, s in by_algo.items() if algo not in BASELINES]
         if STOCK not in by_algo or not ext:
             lines.append(f"| best PPOExt variant IQM ≥ stock PPO IQM | {env} | not measured yet | — |")
             continue
@@ -460,9 +818,7 @@ def targets_section(
         f"{len(above)} env(s){': ' + ', '.join(above) if above else ''} |"
     )
     for name, target in THROUGHPUT_TARGETS.items():
-        measured_as = [
-            key for key in ratios if not key.endswith(" (best)") and (key == name or key.startswith(f"{name} @ "))
-        ]
+        measured_as = [key for key in ratios if not key.endswith(" (best)") and (key == name or key.startswith(f"{name} @ "))]
         if not measured_as:
             lines.append(f"| throughput ratio ≥ {target} | {name} | not measured yet | — |")
         for key in measured_as:
@@ -486,21 +842,92 @@ def _throughput_target_row(name: str, target: float, ratio: float, best_ratio: f
     )
 
 
-def coverage_section(suite: str, runs: dict[str, dict[str, list[Run]]]) -> list[str]:
-    lines = ["| env | required by the issue | run for this report | status |", "|---|---|---|---|"]
+def targets_1m_section(
+    suite: str,
+    summaries: dict[str, list[Summary]],
+    found: dict[str, dict[tuple[str, str], tuple[float, tuple[float, float]]]],
+    complete: dict[str, bool],
+) -> list[str]:
+    """
+    The 1M-step suite's goal, met / missed / not measured yet: on every env the best PPOExt variant's
+    IQM at or above stock PPO's and TRPO's, and on at least one env its probability of improvement over
+    stock PPO above 0.5 with the 95 % CI excluding 0.5. An env whose runs are incomplete (fewer
+    seeds, steps or algorithms than the suite's) is not measured yet; its numbers so far are given.
+
+    :param found: by env, the probabilities of improvement of :func:`improvements`
+    :param complete: by env, whether its runs cover the suite's budget
+    """
+    envs = [budget.env for budget in SUITES[suite]]
+    target = "best PPOExt variant IQM ≥ stock PPO's and ≥ TRPO's"
+    lines = ["| target | env / variant | status | measured |", "|---|---|---|---|"]
+    iqm_verdicts: dict[str, str] = {}
+    best_p: list[str] = []
+    separated, judged = [], []
+    for env in envs:
+        by_algo = {s.algo: s for s in summaries.get(env, [])}
+        variants = [s for algo, s in by_algo.items() if algo not in BASELINES]
+        if any(baseline not in by_algo for baseline in BASELINES) or not variants:
+            lines.append(f"| {target} | {env} | not measured yet | — |")
+            continue
+        best = max(variants, key=lambda s: s.iqm)
+        margins = {baseline: best.iqm - by_algo[baseline].iqm for baseline in BASELINES}
+        verdict = "met" if all(margin >= 0 for margin in margins.values()) else "missed"
+        measured = f"{best.iqm:.1f} vs " + ", ".join(
+            f"`{baseline}` {by_algo[baseline].iqm:.1f} ({margin:+.1f})" for baseline, margin in margins.items()
+        )
+        p, (low, high) = found[env][best.algo, STOCK]
+        best_p.append(f"{env} (`{best.algo}`): {p:.2f} [{low:.2f}, {high:.2f}]" + ("" if complete[env] else " so far"))
+        if complete[env]:
+            iqm_verdicts[env] = verdict
+            status = "met" if verdict == "met" else "**missed**"
+            judged.append(env)
+            if p > 0.5 and low > 0.5:
+                separated.append(env)
+        else:
+            status = f"not measured yet (runs incomplete; so far {verdict})"
+        lines.append(f"| {target} | {env} (`{best.algo}`) | {status} | {measured} |")
+    if separated:
+        p_status = "met"
+    elif len(judged) == len(envs):
+        p_status = "**missed**"
+    else:
+        p_status = f"not measured yet ({len(judged)} of {len(envs)} envs complete)"
+    lines.append(
+        f"| P(best variant > stock PPO) > 0.5, 95 % CI excluding 0.5, on ≥ 1 env | {', '.join(envs)} | {p_status} | "
+        f"{'; '.join(best_p) or '—'} |"
+    )
+    if "missed" in iqm_verdicts.values() or p_status == "**missed**":
+        goal = "**missed**"
+    elif p_status == "met" and len(iqm_verdicts) == len(envs):
+        goal = "met"
+    else:
+        goal = "not measured yet"
+    lines.append(f"| the goal: both targets above, on both envs | {', '.join(envs)} | {goal} | — |")
+    return lines
+
+
+def budget_complete(budget: Any, by_algo: dict[str, list[Run]]) -> bool:
+    """Whether an env's runs cover its suite budget: every algorithm with its seeds and steps."""
+    if not by_algo:
+        return False
+    steps = min(run.marker["budget"]["steps"] for algo_runs in by_algo.values() for run in algo_runs)
+    return steps >= budget.steps and all(len(by_algo.get(algo, [])) >= budget.seeds for algo in (budget.algos or ALGOS))
+
+
+def coverage_section(suite: str, runs: dict[str, dict[str, list[Run]]], folder: Path | None = None) -> list[str]:
+    lines = [] if runs else [f"Not run yet: no finished run under `{folder}`.", ""]
+    lines += ["| env | required by the suite | run for this report | status |", "|---|---|---|---|"]
     for budget in SUITES[suite]:
+        algos = budget.algos or tuple(ALGOS)
+        required = f"{_budget(budget.steps)} steps x {budget.seeds} seeds: {', '.join(f'`{a}`' for a in algos)}"
         by_algo = runs.get(budget.env, {})
         if not by_algo:
-            lines.append(f"| {budget.env} | {budget.steps // 1000}k steps x {budget.seeds} seeds | — | **not run** |")
+            lines.append(f"| {budget.env} | {required} | — | **not run** |")
             continue
-        done = ", ".join(f"`{algo}` {len(algo_runs)}" for algo, algo_runs in by_algo.items())
+        done = ", ".join(f"`{algo}` {len(by_algo.get(algo, []))}" for algo in dict.fromkeys([*algos, *by_algo]))
         steps = min(run.marker["budget"]["steps"] for algo_runs in by_algo.values() for run in algo_runs)
-        complete = steps >= budget.steps and all(len(by_algo.get(algo, [])) >= budget.seeds for algo in (budget.algos or ALGOS))
-        status = "complete" if complete else "**partial**"
-        lines.append(
-            f"| {budget.env} | {budget.steps // 1000}k steps x {budget.seeds} seeds | {steps // 1000}k steps; seeds per "
-            f"algorithm: {done} | {status} |"
-        )
+        status = "complete" if budget_complete(budget, by_algo) else "**partial**"
+        lines.append(f"| {budget.env} | {required} | {_budget(steps)} steps; seeds per algorithm: {done} | {status} |")
     return lines
 
 
@@ -538,110 +965,172 @@ def tuned_comments(path: Path) -> dict[str, list[str]]:
     return found
 
 
-def tuning_section(suite: str, yml: Path) -> list[str]:
-    """Which suite entries of the shipped yml are tuned, and by which study."""
+def tuning_section(suites: str | list[str], yml: Path) -> list[str]:
+    """Which envs of the suites have a tuned entry in the shipped yml, and by which study."""
     tuned = tuned_comments(yml)
+    names = [suites] if isinstance(suites, str) else suites
+    envs = dict.fromkeys(budget.env for name in names for budget in SUITES[name])
     lines = ["| env | shipped `ppo_ext.yml` entry |", "|---|---|"]
-    for budget in SUITES[suite]:
-        comment = tuned.get(budget.env)
+    for env in envs:
+        comment = tuned.get(env)
         text = "<br>".join(comment) if comment else "not tuned: the starting point (rl-zoo3's `ppo.yml` settings)"
-        lines.append(f"| {budget.env} | {text} |")
+        lines.append(f"| {env} | {text} |")
     return lines
 
 
-def build_report(
-    runs: dict[str, dict[str, list[Run]]],
-    out_md: Path,
-    figures: Path,
-    suite: str = "issue",
-    throughput: list[dict[str, Any]] | None = None,
-    gpu_note: str = "",
-    notes: str = "",
-    yml: Path | None = None,
-) -> dict[str, list[Summary]]:
-    """Write the markdown report and the PNGs; return the summaries by env."""
-    summaries: dict[str, list[Summary]] = {}
-    identical = identical_to_stock(runs)
-    any_marker = next((run.marker for run in all_runs(runs)), None)
+def _describe_segments(run: Run, labels: dict[str, str]) -> str:
+    """``0-500k on A @ 329b014, ended 2026-11-30; ...`` (steps, machine, sb3_ppo_ext commit, day it ended)."""
+    parts = []
+    for segment in run_segments(run.marker):
+        start = "0" if segment.from_timesteps == 0 else _steps(segment.from_timesteps)
+        where = labels[segment.machine] + (f" ({segment.label})" if segment.label else "")
+        text = f"{start}{DASH}{_steps(segment.to_timesteps)} on {where} @ {segment.revision or 'unrecorded'}"
+        if segment.ended_at:
+            text += f", ended {segment.ended_at[:10]}"
+        parts.append(text)
+    return "; ".join(parts) + (" (machines differ: timings left out)" if is_mixed(run) else "")
+
+
+def segments_section(suite: SuiteResults, labels: dict[str, str]) -> list[str]:
+    """
+    One row per run, listing its segments; seeds of one algorithm whose segments read the same
+    (same steps, machines, commits and days) share a row.
+    """
+    if not suite.runs:
+        return [f"Suite `{suite.name}`: no finished run yet."]
     lines = [
-        "# Benchmarks: PPOExt against stock SB3 PPO",
+        f"Suite `{suite.name}`:",
         "",
-        "<!-- Generated by scripts/benchmark_report.py from the CSVs of scripts/benchmark.py: do not edit by hand. -->",
+        "| env | algorithm | seeds | segments: steps on machine @ sb3_ppo_ext commit, day it ended |",
+        "|---|---|---|---|",
+    ]
+    for env, by_algo in suite.runs.items():
+        for algo, algo_runs in by_algo.items():
+            rows: dict[str, list[int]] = {}
+            for run in algo_runs:
+                rows.setdefault(_describe_segments(run, labels), []).append(run.seed)
+            lines += [f"| {env} | `{algo}` | {_seed_list(seeds)} | {text} |" for text, seeds in rows.items()]
+    return lines
+
+
+def _machines_paragraph(labels: dict[str, str]) -> list[str]:
+    if len(labels) == 1:
+        return [f"Machine: {next(iter(labels))}.", ""]
+    return [
+        "Machines (column *machine* of the tables, and the segments of each run below): "
+        + "; ".join(f"**{label}**: {name}" for name, label in labels.items())
+        + ". Wall-clock and env-steps/s depend on the machine: the ratio to stock PPO is only given within one, "
+        "and a run whose segments ran on different machines is left out of the timings.",
         "",
+    ]
+
+
+def _method_paragraph() -> str:
+    return (
         "Every algorithm is trained through rl-zoo3's `ExperimentManager` with the same seeds and the same env-step "
         "budget, and evaluated deterministically on a separate env (VecNormalize statistics synced when `normalize` is "
         "on) at step 0, every `eval_freq` steps and after the last update. **Final return** is that last evaluation "
         "(SB3 finishes the last rollout, so the final step count can exceed the budget by up to one rollout; it is the "
-        "same for all algorithms with the same `n_steps x n_envs`). Across seeds: mean ± std (ddof 1), **IQM** = "
-        "`scipy.stats.trim_mean(x, 0.25)` (rliable's interquartile mean; with 3 seeds it trims nothing and equals the "
-        "mean, with 5 it is the mean of the middle 3, with 16 of the middle 8), **95 % CI** = percentile bootstrap of "
-        f"the IQM over seeds (`scipy.stats.bootstrap`, {N_RESAMPLES} resamples). **Steps to threshold**: per seed, "
-        "the first evaluation at or above the threshold; the median over seeds, with seeds that never reach it counted as "
-        'infinite ("never" when half or more never do). **Wall-clock** is per run (setup, training, evaluations); '
+        "same for all algorithms with the same `n_steps x n_envs`); it is each run's score. Across seeds: mean ± std "
+        "(ddof 1); the rest is [rliable](https://github.com/google-research/rliable)'s, each env one task (scores of "
+        "shape runs x 1): **IQM** = `rliable.metrics.aggregate_iqm`, the mean of the middle 50 % of the runs "
+        "(`trim_mean(x, 0.25)`: with 3 seeds it trims nothing and equals the mean, with 5 it is the mean of the middle "
+        "3, with 16 of the middle 8); **95 % CI** = rliable's stratified bootstrap (`library.get_interval_estimates`, "
+        f"percentile, {IQM_REPS} resamples of the runs); **probability of improvement** P(X > Y) of each PPOExt "
+        "variant X over stock PPO and over TRPO (where it ran) = `metrics.probability_of_improvement`, the "
+        "Mann-Whitney U statistic over n_X n_Y (the chance that a random run of X ends above a random run of Y, ties "
+        "counting one half), with a 95 % CI from rliable's independent stratified bootstrap (each algorithm's runs "
+        f"resampled with its own run count, so unequal seed counts are fine; {IMPROVEMENT_REPS} resamples); "
+        "**performance profile** = the fraction of runs whose final return is above τ, with 95 % CIs "
+        f"(`library.create_performance_profile`, {PROFILE_REPS} resamples). The figures beside each env's learning "
+        "curves are rliable's `plot_utils` plots of these three. rliable draws its resamples from NumPy's global "
+        "generator, which the report seeds (0) for each estimate, so the intervals are reproducible. "
+        "**Learning curves**: mean across seeds with a 95 % percentile bootstrap band (`scipy.stats.bootstrap`, "
+        f"{N_RESAMPLES} resamples). **Steps to threshold**: per seed, the first evaluation at or above the threshold; "
+        "the median over seeds, with seeds that never reach it counted as infinite "
+        '("never" when half or more never do). **Wall-clock** is per run (setup, training, evaluations); '
         "**env-steps/s** counts training time only (evaluations excluded). Thresholds: "
         + ", ".join(f"{env} {value:g}" for env, value in THRESHOLDS.items())
         + " (Pendulum has no official threshold, -200 is a common choice; LunarLander's is its official one; "
         "Hopper's 1000 is about the alive bonus of a full 1000-step episode, which a policy reaches by staying up "
-        'without moving forward (so it reads "stays up", not "hops"); HalfCheetah\'s is a provisional choice).',
-        "",
-    ]
-    labels = machine_labels(runs)
-    if any_marker is not None:
-        revisions = sorted({str(run.marker.get("sb3_ppo_ext_revision")) for run in all_runs(runs)})
-        if len(labels) == 1:
-            where = f"Machine: {next(iter(labels))}"
-        else:
-            where = (
-                "Machines (column *machine* of the tables): "
-                + "; ".join(f"**{label}**: {name}" for name, label in labels.items())
-                + ". Wall-clock and env-steps/s depend on the machine: the ratio to stock PPO is only given within one"
-            )
+        'without moving forward (so it reads "stays up", not "hops"); HalfCheetah\'s is a provisional choice).'
+    )
+
+
+def _relative(path: Path, start: Path) -> str:
+    return Path(os.path.relpath(path, start)).as_posix()
+
+
+def suite_section(
+    suite: SuiteResults, out_md: Path, figures: Path, labels: dict[str, str]
+) -> tuple[list[str], dict[str, list[Summary]], dict[str, dict[tuple[str, str], tuple[float, tuple[float, float]]]]]:
+    """The suite's coverage and, per env, tables and figures; its summaries and probabilities of improvement by env."""
+    summaries: dict[str, list[Summary]] = {}
+    found: dict[str, dict[tuple[str, str], tuple[float, tuple[float, float]]]] = {}
+    identical = identical_to_stock(suite.runs)
+    lines = [f"## Suite `{suite.name}`", ""]
+    if suite.runs:
+        segments = [segment for run in all_runs(suite.runs) for segment in run_segments(run.marker)]
+        revisions = sorted({str(segment.revision) for segment in segments})
+        marker = next(all_runs(suite.runs)).marker
+        unrecorded = " (None: recorded before commits were)" if "None" in revisions else ""
         lines += [
-            f"{where}. One torch thread per run, device {any_marker['budget']['device']}; sb3_ppo_ext commits of the "
-            f"runs: {', '.join(revisions)} (None: recorded before commits were). "
-            f"Evaluation: {any_marker['budget']['eval_episodes']} episodes.",
+            f"Results: `{suite.folder}`. One torch thread per run, device {marker['budget']['device']}; sb3_ppo_ext "
+            f"commits of the runs: {', '.join(revisions)}{unrecorded}. "
+            f"Evaluation: {marker['budget']['eval_episodes']} episodes.",
             "",
         ]
-    lines += ["## What was run", "", *coverage_section(suite, runs), ""]
-    for env, by_algo in runs.items():
+    lines += [f"### What was run (`{suite.name}`)", "", *coverage_section(suite.name, suite.runs, suite.folder), ""]
+    title = f" ({suite.name})"
+    for env, by_algo in suite.runs.items():
         threshold = THRESHOLDS.get(env)
-        ordered = by_algo
-        env_summaries = [summarize(algo, algo_runs, threshold) for algo, algo_runs in ordered.items()]
+        env_summaries = [summarize(algo, algo_runs, threshold) for algo, algo_runs in by_algo.items()]
         env_identical = frozenset(algo for identical_env, algo in identical if identical_env == env)
         summaries[env] = env_summaries
-        figure = figures / f"{env}.png"
-        plot_env(env, ordered, figure, threshold)
-        budget = ordered[next(iter(ordered))][0].marker["budget"]
+        found[env] = improvements(env_summaries)
+        folder = figures / suite.name
+        curves = folder / f"{env}.png"
+        iqm_png, profile_png = (folder / f"{env}-{kind}.png" for kind in ("iqm", "profile"))
+        plot_env(env, by_algo, curves, threshold, title)
+        plot_iqm(env, env_summaries, iqm_png, title)
+        plot_profiles(env, env_summaries, profile_png, title)
+        rliable_figures = [f"![{env} IQM, 95 % CIs ({suite.name})]({_relative(iqm_png, out_md.parent)})"]
+        rliable_figures.append(f"![{env} performance profiles ({suite.name})]({_relative(profile_png, out_md.parent)})")
+        if found[env]:
+            improvement_png = folder / f"{env}-improvement.png"
+            plot_improvements(env, found[env], improvement_png, title)
+            rliable_figures.append(
+                f"![{env} probability of improvement ({suite.name})]({_relative(improvement_png, out_md.parent)})"
+            )
+        budget = by_algo[next(iter(by_algo))][0].marker["budget"]
         lines += [
-            f"## {env}",
+            f"### {env}, suite `{suite.name}`",
             "",
             f"Budget {budget['steps']} env steps, evaluation every {budget['eval_freq']} steps.",
             "",
-            *env_table(env_summaries, threshold, ordered, env_identical, labels if len(labels) > 1 else None),
+            *env_table(env_summaries, threshold, by_algo, env_identical, labels if len(labels) > 1 else None),
             "",
-            f"![{env} learning curves]({figure.relative_to(out_md.parent).as_posix()})",
+            "Probability of improvement (final return):",
+            "",
+            *improvement_table(env_summaries, found[env]),
+            "",
+            f"![{env} learning curves ({suite.name})]({_relative(curves, out_md.parent)})",
+            "",
+            " ".join(rliable_figures),
             "",
         ]
-    throughput_lines, ratios = throughput_sections(throughput)
-    lines += [
-        "## Throughput: each Ext algorithm ÷ its upstream algorithm, identical hyperparameters",
-        "",
-        *throughput_lines,
-        "",
-    ]
-    lines += ["## Targets", "", *targets_section(suite, summaries, ratios, identical), ""]
-    if yml is not None:
-        lines += ["## Tuning", "", *tuning_section(suite, yml), ""]
-    lines += ["## GPU check", "", gpu_note or "Not run: no CUDA machine was available when this report was built.", ""]
-    if notes:
-        lines += ["## Findings", "", notes.strip(), ""]
-    lines += ["## Settings of each run", "", *setup_section(runs), ""]
-    lines += [
+    return lines, summaries, found
+
+
+def _reproduce_section() -> list[str]:
+    return [
         "## Reproduce",
         "",
         "```bash",
         'pip install -e ".[bench]"',
         "python scripts/benchmark.py --suite issue --workers $(nproc)   # resumable: finished runs are skipped",
+        "# resumable in segments, on one machine or several (--stop-after MINUTES, --machine LABEL):",
+        "python scripts/benchmark.py --suite mujoco-1m --out docs/benchmarks/data-1m --workers $(nproc)",
         "python scripts/throughput.py --env LunarLanderContinuous-v3 --n-envs 16 --n-steps 1024 --n-epochs 4 \\",
         "    --steps 16384 --repeats 12 --json docs/benchmarks/throughput.json",
         "python scripts/throughput.py --env MountainCarContinuous-v0 --n-envs 1 --n-steps 8 --batch-size 8 \\",
@@ -650,14 +1139,84 @@ def build_report(
         "    --json docs/benchmarks/throughput-maskable.json",
         "python scripts/throughput.py --family recurrent --n-steps 128 --batch-size 128 --steps 4096 --repeats 9 \\",
         "    --json docs/benchmarks/throughput-recurrent.json",
-        "python scripts/benchmark_report.py --results logs/benchmark --throughput docs/benchmarks/throughput*.json \\",
-        "    --notes docs/benchmarks/notes.md",
+        "# the report (the GPU check's text: docs/benchmarks/gpu/note.md); copies the issue suite's inputs",
+        "# to docs/benchmarks/data:",
+        "python scripts/benchmark_report.py --results issue=logs/benchmark --results mujoco-1m=docs/benchmarks/data-1m \\",
+        "    --throughput docs/benchmarks/throughput*.json --notes docs/benchmarks/notes.md",
         "# or rebuild this report from the committed inputs alone:",
-        "python scripts/benchmark_report.py --results docs/benchmarks/data --keep-data '' \\",
+        "python scripts/benchmark_report.py --results issue=docs/benchmarks/data \\",
+        "    --results mujoco-1m=docs/benchmarks/data-1m --keep-data '' \\",
         "    --throughput docs/benchmarks/throughput*.json --notes docs/benchmarks/notes.md",
         "```",
         "",
     ]
+
+
+def build_report(
+    suites: list[SuiteResults],
+    out_md: Path,
+    figures: Path,
+    throughput: list[dict[str, Any]] | None = None,
+    gpu_note: str = "",
+    notes: str = "",
+    yml: Path | None = None,
+) -> dict[str, dict[str, list[Summary]]]:
+    """Write the markdown report and the PNGs; return the summaries by suite and env."""
+    labels = machine_labels([suite.runs for suite in suites])
+    lines = [
+        "# Benchmarks: PPOExt against stock SB3 PPO and TRPO",
+        "",
+        "<!-- Generated by scripts/benchmark_report.py from the CSVs of scripts/benchmark.py: do not edit by hand. -->",
+        "",
+        _method_paragraph(),
+        "",
+        "Suites: "
+        + "; ".join(
+            f"`{suite.name}` ({sum(1 for _ in all_runs(suite.runs))} finished runs in `{suite.folder}`)"
+            if suite.runs
+            else f"`{suite.name}` (not run yet)"
+            for suite in suites
+        )
+        + ". Each has its own sections: what was run, and per env the tables and figures (file names and headings "
+        "name the suite).",
+        "",
+        *(_machines_paragraph(labels) if labels else []),
+    ]
+    summaries: dict[str, dict[str, list[Summary]]] = {}
+    found: dict[str, dict[str, dict[tuple[str, str], tuple[float, tuple[float, float]]]]] = {}
+    for suite in suites:
+        section, summaries[suite.name], found[suite.name] = suite_section(suite, out_md, figures, labels)
+        lines += section
+    throughput_lines, ratios = throughput_sections(throughput)
+    lines += [
+        "## Throughput: each Ext algorithm ÷ its upstream algorithm, identical hyperparameters",
+        "",
+        *throughput_lines,
+        "",
+        "## Targets",
+        "",
+    ]
+    for suite in suites:
+        if suite.name in GOAL_1M_SUITES:
+            complete = {b.env: budget_complete(b, suite.runs.get(b.env, {})) for b in SUITES[suite.name]}
+            table = targets_1m_section(suite.name, summaries[suite.name], found[suite.name], complete)
+        else:
+            table = targets_section(suite.name, summaries[suite.name], ratios, identical_to_stock(suite.runs))
+        lines += [f"### Suite `{suite.name}`", "", *table, ""]
+    if yml is not None:
+        lines += ["## Tuning", "", *tuning_section([suite.name for suite in suites], yml), ""]
+    gpu_note = gpu_note.strip() or "Not run: no CUDA machine was available when this report was built."
+    lines += ["## GPU check", "", gpu_note, ""]
+    if notes:
+        lines += ["## Findings", "", notes.strip(), ""]
+    lines += ["## Runs, segments, machines and commits", ""]
+    for suite in suites:
+        lines += [*segments_section(suite, labels), ""]
+    lines += ["## Settings of each run", ""]
+    for suite in suites:
+        if suite.runs:
+            lines += [f"### Suite `{suite.name}`", "", *setup_section(suite.runs), ""]
+    lines += _reproduce_section()
     out_md.parent.mkdir(parents=True, exist_ok=True)
     out_md.write_text("\n".join(lines))
     return summaries
@@ -674,45 +1233,110 @@ def keep_data(runs: dict[str, dict[str, list[Run]]], folder: Path) -> None:
                 shutil.copyfile(source, target / source.name)
 
 
+def _suite_and_folder(value: str, default_suite: str) -> tuple[str, str]:
+    """``SUITE=FOLDER`` or a bare ``FOLDER`` (of ``default_suite``)."""
+    suite, separator, folder = value.partition("=")
+    if not separator:
+        return default_suite, value
+    if suite not in SUITES:
+        raise ValueError(f"unknown suite {suite!r} in {value!r} (suites: {', '.join(sorted(SUITES))})")
+    return suite, folder
+
+
+def parse_results(values: list[str] | None, default_suite: str) -> list[tuple[str, Path]]:
+    """The ``--results`` values as (suite, folder) pairs, in the order given; one folder per suite."""
+    pairs = [_suite_and_folder(value, default_suite) for value in values or ["logs/benchmark"]]
+    suites = [suite for suite, _ in pairs]
+    if len(set(suites)) != len(suites):
+        raise ValueError(f"a suite is given more than one results folder: {', '.join(suites)}")
+    return [(suite, Path(folder)) for suite, folder in pairs]
+
+
+def parse_keep_data(values: list[str] | None, suites: list[str]) -> dict[str, Path]:
+    """
+    Where each suite's inputs are copied: by default its :data:`DATA_FOLDERS` entry; ``''`` copies
+    nothing; a bare folder is only for a report of one suite; ``SUITE=FOLDER`` names the suite.
+    """
+    if values is None:
+        return {suite: Path(DATA_FOLDERS.get(suite, f"docs/benchmarks/data-{suite}")) for suite in suites}
+    folders: dict[str, Path] = {}
+    for value in values:
+        if not value:
+            continue
+        if "=" not in value:
+            if len(suites) != 1:
+                raise ValueError(f"--keep-data {value}: with several suites, give SUITE=FOLDER for each")
+            folders[suites[0]] = Path(value)
+            continue
+        suite, folder = _suite_and_folder(value, "")
+        folders[suite] = Path(folder)
+    return folders
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", default="logs/benchmark", help="folder of scripts/benchmark.py results")
+    parser.add_argument(
+        "--results",
+        action="append",
+        metavar="[SUITE=]FOLDER",
+        help="folder of scripts/benchmark.py results, as SUITE=FOLDER (repeat it for several suites) or FOLDER "
+        "alone for the suite of --suite (default: logs/benchmark)",
+    )
     parser.add_argument("--out", default="docs/BENCHMARKS.md")
-    parser.add_argument("--figures", default="docs/benchmarks", help="folder for the PNGs")
-    parser.add_argument("--keep-data", default="docs/benchmarks/data", help="copy the inputs here ('' to skip)")
+    parser.add_argument("--figures", default="docs/benchmarks/figures", help="folder for the PNGs (one folder per suite)")
+    parser.add_argument(
+        "--keep-data",
+        action="append",
+        metavar="[SUITE=]FOLDER",
+        help="copy each suite's inputs here ('' to skip; FOLDER alone with one suite; default: "
+        + ", ".join(f"{suite}: {folder}" for suite, folder in DATA_FOLDERS.items())
+        + ", other suites docs/benchmarks/data-SUITE)",
+    )
     parser.add_argument(
         "--throughput", nargs="+", default=[], help="JSON files written by scripts/throughput.py --json (one per measurement)"
     )
-    parser.add_argument("--suite", choices=sorted(SUITES), default="issue", help="the suite the coverage and targets refer to")
-    parser.add_argument("--gpu-note", default="", help="what the GPU check found (default: not run, no CUDA machine)")
+    parser.add_argument("--suite", choices=sorted(SUITES), default="issue", help="the suite of a --results FOLDER alone")
+    parser.add_argument(
+        "--gpu-note",
+        default=str(GPU_NOTE),
+        help=f"markdown file: what the GPU check found (default {GPU_NOTE}; missing or '': not run, no CUDA machine)",
+    )
     parser.add_argument("--notes", help="markdown file with findings, included as they are")
     parser.add_argument("--yml", default=str(PPO_EXT_YML), help="the shipped ppo_ext.yml (its # Tuned entries are listed)")
     args = parser.parse_args(argv)
     try:
-        runs = load_runs(Path(args.results))
+        sources = parse_results(args.results, args.suite)
+        keep = parse_keep_data(args.keep_data, [suite for suite, _ in sources])
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
+    try:
+        suites = [SuiteResults(suite, folder, load_runs(folder)) for suite, folder in sources]
     except BadRunError as error:
         print(f"{error}\nDelete the run's .done.json marker and rerun scripts/benchmark.py to redo it.", file=sys.stderr)
         return 1
-    if not runs:
-        print(f"no finished runs under {args.results}", file=sys.stderr)
+    if not any(suite.runs for suite in suites):
+        print(f"no finished runs under {', '.join(str(folder) for _, folder in sources)}", file=sys.stderr)
         return 1
     throughput = [json.loads(Path(path).read_text()) for path in args.throughput]
     notes = Path(args.notes).read_text() if args.notes else ""
-    if args.keep_data:
-        keep_data(runs, Path(args.keep_data))
+    gpu_note = Path(args.gpu_note).read_text() if args.gpu_note and Path(args.gpu_note).is_file() else ""
+    for suite in suites:
+        if suite.name in keep:
+            keep_data(suite.runs, keep[suite.name])
     summaries = build_report(
-        runs,
+        suites,
         Path(args.out),
         Path(args.figures),
-        args.suite,
         throughput,
-        args.gpu_note,
+        gpu_note,
         notes,
         Path(args.yml) if args.yml else None,
     )
-    for env, env_summaries in summaries.items():
-        for s in env_summaries:
-            print(f"{env} {s.algo}: IQM {s.iqm:.1f} [{s.ci[0]:.1f}, {s.ci[1]:.1f}] over {len(s.seeds)} seeds")
+    for suite, by_env in summaries.items():
+        for env, env_summaries in by_env.items():
+            for s in env_summaries:
+                print(f"{suite} {env} {s.algo}: IQM {s.iqm:.1f} [{s.ci[0]:.1f}, {s.ci[1]:.1f}] over {len(s.seeds)} seeds")
     print(f"wrote {args.out}")
     return 0
 

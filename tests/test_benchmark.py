@@ -200,14 +200,63 @@ def test_gaussian_variant_keeps_the_shipped_policy_kwargs():
 # --- the report ---------------------------------------------------------------------------------
 
 
-def test_iqm_by_hand():
-    assert report.iqm(np.array([1.0, 2.0, 3.0, 4.0, 100.0])) == pytest.approx(3.0)  # mean of the middle 3
-    assert report.iqm(np.array([100.0, 1.0, 3.0, 2.0])) == pytest.approx(2.5)  # mean of 2 and 3
-    assert report.iqm(np.array([1.0, 2.0, 6.0])) == pytest.approx(3.0)  # 3 values: nothing trimmed
+@pytest.fixture
+def rliable_stats():
+    """The report's statistics are rliable's (in the test and bench extras): imported up front."""
+    report._rliable()
 
 
-def _write_fixture_run(results: Path, algo: str, seed: int, returns: list[float], fps: float) -> None:
-    stem = results / "Pendulum-v1" / algo / f"seed{seed}"
+@pytest.fixture
+def fast_rliable(rliable_stats, monkeypatch):
+    """Fewer bootstrap resamples, for tests that check the report's text rather than its intervals."""
+    monkeypatch.setattr(report, "IQM_REPS", 1000)
+    monkeypatch.setattr(report, "IMPROVEMENT_REPS", 300)
+    monkeypatch.setattr(report, "PROFILE_REPS", 300)
+
+
+def _iqm(values: list[float]) -> float:
+    return report.iqm_with_ci(values)[0]
+
+
+def test_iqm_by_hand(fast_rliable):
+    """rliable's IQM is the mean of the middle 50 % of the runs."""
+    assert _iqm([1.0, 2.0, 3.0, 4.0, 100.0]) == pytest.approx(3.0)  # 5 runs: mean of the middle 3
+    assert _iqm([100.0, 1.0, 3.0, 2.0]) == pytest.approx(2.5)  # 4 runs: mean of 2 and 3
+    assert _iqm([1.0, 2.0, 6.0]) == pytest.approx(3.0)  # 3 runs: nothing trimmed
+    eight = [-50.0, 7.0, 1.0, 900.0, 3.0, 5.0, 2.0, 4.0]  # 8 runs: the middle 4 are 2, 3, 4, 5
+    assert _iqm(eight) == pytest.approx((2 + 3 + 4 + 5) / 4)
+
+
+def _mann_whitney(x: list[float], y: list[float]) -> float:
+    """P(X > Y) by hand: the fraction of pairs in which X's run ends above Y's, ties counting one half."""
+    return sum((a > b) + 0.5 * (a == b) for a in x for b in y) / (len(x) * len(y))
+
+
+def test_probability_of_improvement_by_hand(rliable_stats):
+    x, y = [1.0, 2.0, 3.0, 4.0], [2.0, 2.0, 0.0]  # unequal run counts
+    assert _mann_whitney(x, y) == 0.75  # 1 + (1 + 2 x 0.5) + 3 + 3 of 12 pairs
+    p, (low, high) = report.improvement_probability(x, y)
+    assert p == pytest.approx(0.75)
+    assert 0.0 <= low < p < high <= 1.0
+    assert report.improvement_probability(y, x)[0] == pytest.approx(0.25)
+    assert report.improvement_probability(x, x)[0] == 0.5
+    # The CI resamples each algorithm's runs on their own: a plain numpy bootstrap of the same statistic agrees.
+    rng = np.random.default_rng(3)
+    samples = [_mann_whitney(list(rng.choice(x, size=len(x))), list(rng.choice(y, size=len(y)))) for _ in range(4000)]
+    expected_low, expected_high = np.percentile(samples, [2.5, 97.5])
+    assert low == pytest.approx(expected_low, abs=0.06) and high == pytest.approx(expected_high, abs=0.06)
+    # The fixture's final returns: PPOExt ahead of stock PPO in 19.5 of 25 pairs.
+    assert report.improvement_probability(EXT_FINALS, STOCK_FINALS)[0] == pytest.approx(
+        _mann_whitney(EXT_FINALS, STOCK_FINALS)
+    )
+    assert _mann_whitney(EXT_FINALS, STOCK_FINALS) == 19.5 / 25
+
+
+def _write_fixture_run(
+    results: Path, algo: str, seed: int, returns: list[float], fps: float, env: str = "Pendulum-v1", **marker_fields
+) -> None:
+    """A finished run's CSV and done marker; ``marker_fields`` are added to (or replace) the marker's."""
+    stem = results / env / algo / f"seed{seed}"
     stem.parent.mkdir(parents=True, exist_ok=True)
     timesteps = [0, 10_000, 20_000, 30_000][: len(returns)]
     with open(stem.with_suffix(".csv"), "w", newline="") as file:
@@ -216,7 +265,7 @@ def _write_fixture_run(results: Path, algo: str, seed: int, returns: list[float]
         for step, value in zip(timesteps, returns, strict=True):
             writer.writerow([step, value, 10.0, 10, step / fps, fps])
     marker = {
-        "env": "Pendulum-v1",
+        "env": env,
         "algo": algo,
         "description": f"{algo} fixture",
         "seed": seed,
@@ -233,6 +282,7 @@ def _write_fixture_run(results: Path, algo: str, seed: int, returns: list[float]
         "normalize": False,
         "versions": {"stable_baselines3": "x"},
         "cpu_count": 2,
+        **marker_fields,
     }
     stem.with_suffix(".done.json").write_text(json.dumps(marker))
 
@@ -256,7 +306,7 @@ def fixture_results(tmp_path):
     return results
 
 
-def test_report_statistics_from_fixture_csvs(fixture_results):
+def test_report_statistics_from_fixture_csvs(fixture_results, rliable_stats):
     runs = report.load_runs(fixture_results)
     assert list(runs["Pendulum-v1"]) == ["ppo", "ppo_ext_clip"]
     stock = report.summarize("ppo", runs["Pendulum-v1"]["ppo"], -200.0)
@@ -268,17 +318,32 @@ def test_report_statistics_from_fixture_csvs(fixture_results):
     assert ext.median_threshold_steps == 20_000
     assert stock.median_threshold_steps == 30_000  # -150 and -180 cross at 30k; -200 counts as reached
     assert stock.fps == pytest.approx(1000.0) and stock.wall_s == pytest.approx(35.0)
-    # The bootstrap CI agrees with a plain numpy percentile bootstrap of the IQM.
+    # rliable's stratified bootstrap over one task is a bootstrap of the runs: a plain numpy percentile
+    # bootstrap of the IQM agrees.
     rng = np.random.default_rng(1)
     for summary, finals in ((stock, STOCK_FINALS), (ext, EXT_FINALS)):
         samples = np.sort(rng.choice(finals, size=(20_000, 5), replace=True), axis=1)[:, 1:4].mean(axis=1)
         low, high = np.percentile(samples, [2.5, 97.5])
         assert summary.ci[0] == pytest.approx(low, abs=15) and summary.ci[1] == pytest.approx(high, abs=15)
-        assert min(finals) <= summary.ci[0] <= summary.iqm <= summary.ci[1] <= max(finals)
-    assert report.bootstrap_ci(np.array(STOCK_FINALS)) == report.bootstrap_ci(np.array(STOCK_FINALS))  # seeded
+        assert min(finals) <= summary.ci[0] < summary.iqm < summary.ci[1] <= max(finals)
 
 
-def test_report_builds_markdown_figures_and_targets(fixture_results, tmp_path):
+def test_rliable_intervals_are_seeded_and_leave_numpy_alone(fast_rliable, monkeypatch):
+    """rliable resamples with NumPy's global generator: the report seeds it for each estimate and restores it."""
+    finals = [float(v) for v in np.arange(16) * 1.37 + np.arange(16) ** 2 % 7]
+    np.random.seed(123)
+    before = np.random.get_state()
+    first = report.iqm_with_ci(finals)
+    after = np.random.get_state()
+    assert np.array_equal(before[1], after[1]) and before[2] == after[2]
+    np.random.seed(7)  # another global state: the same intervals
+    assert report.iqm_with_ci(finals) == first
+    assert report.improvement_probability(finals, finals[::2]) == report.improvement_probability(finals, finals[::2])
+    monkeypatch.setattr(report, "SEED", 1)  # the seed is what fixes them
+    assert report.iqm_with_ci(finals)[1] != first[1]
+
+
+def test_report_builds_markdown_figures_and_targets(fixture_results, tmp_path, fast_rliable):
     throughput = {
         "env": "Pendulum-v1",
         "steps": 8192,
@@ -304,11 +369,21 @@ def test_report_builds_markdown_figures_and_targets(fixture_results, tmp_path):
     out = tmp_path / "docs" / "BENCHMARKS.md"
     data = tmp_path / "docs" / "benchmarks" / "data"
     argv = ["--results", str(fixture_results), "--out", str(out), "--figures", str(tmp_path / "docs" / "benchmarks")]
-    assert report.main([*argv, "--keep-data", str(data), "--throughput", str(throughput_path)]) == 0
+    no_gpu_note = ["--gpu-note", str(tmp_path / "no-such-note.md")]  # the default file is the real report's
+    assert report.main([*argv, "--keep-data", str(data), "--throughput", str(throughput_path), *no_gpu_note]) == 0
     text = out.read_text()
-    assert (tmp_path / "docs" / "benchmarks" / "Pendulum-v1.png").stat().st_size > 10_000
-    assert "![Pendulum-v1 learning curves](benchmarks/Pendulum-v1.png)" in text
+    figures = tmp_path / "docs" / "benchmarks" / "issue"
+    for name in ("", "-iqm", "-profile", "-improvement"):  # the learning curves and rliable's three plots
+        assert (figures / f"Pendulum-v1{name}.png").stat().st_size > 10_000
+    assert "![Pendulum-v1 learning curves (issue)](benchmarks/issue/Pendulum-v1.png)" in text
+    assert "![Pendulum-v1 IQM, 95 % CIs (issue)](benchmarks/issue/Pendulum-v1-iqm.png) " in text
+    assert "![Pendulum-v1 performance profiles (issue)](benchmarks/issue/Pendulum-v1-profile.png)" in text
+    assert "![Pendulum-v1 probability of improvement (issue)](benchmarks/issue/Pendulum-v1-improvement.png)" in text
+    assert "### Pendulum-v1, suite `issue`" in text
     assert "| `ppo` | 5 | 30000 | -366.0 ± " in text and "| -226.7 | [" in text
+    # Probability of improvement over stock PPO (no TRPO ran): 19.5 of 25 pairs.
+    assert "| algorithm X | P(X > `ppo`) | 95 % CI |\n|---|---|---|\n| `ppo_ext_clip` | 0.78 | [" in text
+    assert "P(X > `trpo`)" not in text
     assert "| `ppo_ext_clip` | 5 | 30000 |" in text and "| -151.7 | [" in text
     assert "20k (4/5 seeds: 20k, 20k, 20k, 20k, never)" in text
     assert "| 35 s | 1000 |" in text
@@ -318,17 +393,28 @@ def test_report_builds_markdown_figures_and_targets(fixture_results, tmp_path):
     assert "not measured yet (1 of 4 envs run)" in text
     assert "| PPOExt, squash off (all diagnostics on) | met | 1.010 (ratio of medians, +0.030)" in text
     assert "| PPOExt, squash on (all diagnostics on) | **missed** | 0.890 (ratio of medians, -0.060)" in text
-    assert "| Pendulum-v1 | 100k steps x 5 seeds | 30k steps;" in text and "**partial**" in text
-    assert "| LunarLanderContinuous-v3 | 300k steps x 3 seeds | — | **not run** |" in text
+    assert (
+        "| Pendulum-v1 | 100k steps x 5 seeds: `ppo`, `ppo_ext_clip`, `ppo_ext_kl`, `ppo_ext_gauss` | 30k steps; seeds "
+        "per algorithm: `ppo` 5, `ppo_ext_clip` 5, `ppo_ext_kl` 0, `ppo_ext_gauss` 0 | **partial** |"
+    ) in text
+    assert (
+        "| LunarLanderContinuous-v3 | 300k steps x 3 seeds: `ppo`, `ppo_ext_clip`, `ppo_ext_kl`, `ppo_ext_gauss` | — |" in text
+    )
+    assert (
+        "| HalfCheetah-v5 | 300k steps x 3 seeds: `ppo`, `ppo_ext_clip`, `ppo_ext_kl`, `ppo_ext_gauss` | — | **not run** |"
+        in text
+    )
     assert "Not run: no CUDA machine" in text
     # The inputs are kept beside the report, and the report rebuilds from them alone.
     assert sorted(p.name for p in (data / "Pendulum-v1" / "ppo").iterdir())[:2] == ["seed0.csv", "seed0.done.json"]
     rebuilt = tmp_path / "rebuilt.md"
-    assert (
-        report.main(["--results", str(data), "--out", str(rebuilt), "--figures", str(tmp_path / "fig"), "--keep-data", ""])
-        == 0
-    )
-    assert "| -226.7 | [" in rebuilt.read_text()
+    note = tmp_path / "gpu-note.md"
+    note.write_text("Ran on a lent GPU: 9 of 9 passed.\n")
+    rebuild = ["--results", str(data), "--out", str(rebuilt), "--figures", str(tmp_path / "fig"), "--keep-data", ""]
+    assert report.main([*rebuild, "--gpu-note", str(note)]) == 0
+    rebuilt_text = rebuilt.read_text()
+    assert "| -226.7 | [" in rebuilt_text
+    assert "## GPU check\n\nRan on a lent GPU: 9 of 9 passed.\n" in rebuilt_text
 
 
 def test_report_without_runs_fails(tmp_path, capsys):
@@ -380,7 +466,7 @@ def test_source_revision(tmp_path):
     assert benchmark.source_revision(repo / "sb3_ppo_ext").split("+")[0] == head.stdout.strip()
 
 
-def test_report_names_a_variant_that_reproduced_stock_ppo(fixture_results, tmp_path):
+def test_report_names_a_variant_that_reproduced_stock_ppo(fixture_results, tmp_path, fast_rliable):
     """A variant whose evaluations equal stock PPO's seed for seed is a tie, and the report says so."""
     for seed, final in enumerate(STOCK_FINALS):
         _write_fixture_run(fixture_results, "ppo_ext_gauss", seed, [-1200.0, -800.0, -400.0 + seed, final], fps=1000.0)
@@ -409,7 +495,7 @@ def test_report_names_a_variant_that_reproduced_stock_ppo(fixture_results, tmp_p
     ) in text
 
 
-def test_report_keeps_timings_of_different_machines_apart(fixture_results, tmp_path):
+def test_report_keeps_timings_of_different_machines_apart(fixture_results, tmp_path, fast_rliable):
     """Runs from two machines: a column says where each row ran, and no throughput ratio crosses machines."""
     out = tmp_path / "BENCHMARKS.md"
     argv = ["--results", str(fixture_results), "--out", str(out), "--figures", str(tmp_path), "--keep-data", ""]
@@ -428,6 +514,190 @@ def test_report_keeps_timings_of_different_machines_apart(fixture_results, tmp_p
     assert "| 900 | — (ran on another machine than stock PPO) | B |" in text
     # Returns are compared across machines as before (the target does not depend on timings).
     assert "| Pendulum-v1 (`ppo_ext_clip`) | met | -151.7 vs -226.7 (+75.0) |" in text
+
+
+def _en(text: str) -> str:
+    """``~`` as the report's en dash (ranges of steps and seeds)."""
+    return text.replace("~", report.DASH)
+
+
+def _segment(start: int, end: int, host: str, cpus: int, revision: str, day: str, **versions: str) -> dict:
+    segment = {
+        "from_timesteps": start,
+        "to_timesteps": end,
+        "machine": host,
+        "cpu_count": cpus,
+        "revision": revision,
+        "started_at": f"{day}T00:00:00Z",
+        "ended_at": f"{day}T01:00:00Z",
+        "train_time_s": 10.0,
+    }
+    return {**segment, "versions": versions} if versions else segment
+
+
+@pytest.fixture
+def results_1m(tmp_path):
+    """Hopper-v5 runs of the mujoco-1m suite (30k-step stand-ins: partial), some of them resumed on other machines."""
+    results = tmp_path / "results-1m"
+    old = {"sb3_ppo_ext_revision": "abc1234", "finished_at": "2026-11-30T05:00:00Z"}
+    for seed, final in enumerate([2000.0, 2100.0]):
+        _write_fixture_run(results, "ppo", seed, [10.0, 500.0, 1500.0, final], 1000.0, "Hopper-v5", **old)
+    for seed, final in enumerate([1500.0, 2050.0]):
+        _write_fixture_run(results, "trpo", seed, [10.0, 400.0, 1200.0, final], 800.0, "Hopper-v5", **old)
+    for seed, final in enumerate([2500.0, 2600.0]):
+        _write_fixture_run(results, "ppo_ext_clip", seed, [10.0, 600.0, 1900.0, final], 900.0, "Hopper-v5", **old)
+    # Resumed on another machine: its env-steps/s (5000) compares with nothing.
+    split = [
+        _segment(0, 10_000, "host-a (2 cores)", 2, "abc1234", "2026-12-01"),
+        _segment(10_000, 30_000, "lent", 16, "def5678", "2026-12-02", stable_baselines3="y"),
+    ]
+    for algo, returns in (("ppo_ext_clip", [10.0, 600.0, 1900.0, 2700.0]), ("ppo_ext_kl", [10.0, 300.0, 800.0, 1000.0])):
+        seed = 2 if algo == "ppo_ext_clip" else 0
+        _write_fixture_run(results, algo, seed, returns, 5000.0, "Hopper-v5", segments=split, **old)
+    return results
+
+
+def test_old_markers_are_one_segment_and_new_ones_list_theirs(results_1m):
+    runs = report.load_runs(results_1m)["Hopper-v5"]
+    stock = runs["ppo"][0]
+    assert report.run_segments(stock.marker) == [
+        report.Segment(0, 30_000, "2 CPU cores; stable_baselines3 x", "abc1234", "2026-11-30T05:00:00Z", train_time_s=30.0)
+    ]
+    assert not report.is_mixed(stock)
+    split = runs["ppo_ext_clip"][2]
+    # A segment's kind of machine is its cores and versions (its own, else the marker's), as for whole runs,
+    # so the first segment is the old runs' machine A; the label names the machine.
+    assert [(s.from_timesteps, s.to_timesteps, s.machine, s.revision, s.label) for s in report.run_segments(split.marker)] == [
+        (0, 10_000, "2 CPU cores; stable_baselines3 x", "abc1234", "host-a (2 cores)"),
+        (10_000, 30_000, "16 CPU cores; stable_baselines3 y", "def5678", "lent"),
+    ]
+    assert report.is_mixed(split)
+
+
+def test_report_covers_several_suites_segments_and_mixed_machines(fixture_results, results_1m, tmp_path, fast_rliable):
+    """Both suites in one report, each with its sections; a suite not run yet says so; resumed runs are listed."""
+    out = tmp_path / "BENCHMARKS.md"
+    figures = tmp_path / "figures"
+    argv = ["--out", str(out), "--figures", str(figures), "--keep-data", "", "--results", f"issue={fixture_results}"]
+    assert report.main([*argv, "--results", f"mujoco-1m={tmp_path / 'not-yet'}"]) == 0
+    text = out.read_text()
+    assert "## Suite `issue`" in text and "## Suite `mujoco-1m`" in text
+    assert f"Not run yet: no finished run under `{tmp_path / 'not-yet'}`." in text
+    assert "| Walker2d-v5 | 1M steps x 3 seeds: `ppo`, `trpo`, `ppo_ext_clip` | — | **not run** |" in text
+    assert "Suite `mujoco-1m`: no finished run yet." in text
+    assert "| best PPOExt variant IQM ≥ stock PPO's and ≥ TRPO's | Hopper-v5 | not measured yet | — |" in text
+    assert "| the goal: both targets above, on both envs | Hopper-v5, Walker2d-v5 | not measured yet | — |" in text
+    # The old suite's targets are there as they were.
+    assert "| Pendulum-v1 (`ppo_ext_clip`) | met | -151.7 vs -226.7 (+75.0) |" in text
+
+    assert report.main([*argv, "--results", f"mujoco-1m={results_1m}"]) == 0
+    text = out.read_text()
+    assert "### Pendulum-v1, suite `issue`" in text and "### Hopper-v5, suite `mujoco-1m`" in text
+    for suite, env in (("issue", "Pendulum-v1"), ("mujoco-1m", "Hopper-v5")):
+        for name in ("", "-iqm", "-profile", "-improvement"):
+            assert (figures / suite / f"{env}{name}.png").stat().st_size > 10_000
+        assert f"![{env} learning curves ({suite})](figures/{suite}/{env}.png)" in text
+    assert (
+        "| Hopper-v5 | 1M steps x 5 seeds: `ppo`, `trpo`, `ppo_ext_clip`, `ppo_ext_kl`, `ppo_ext_tanh` | 30k steps; seeds "
+        "per algorithm: `ppo` 2, `trpo` 2, `ppo_ext_clip` 3, `ppo_ext_kl` 1, `ppo_ext_tanh` 0 | **partial** |"
+    ) in text
+    # Probability of improvement over both baselines, by hand: ppo_ext_clip's 2500, 2600, 2700 are above every run of both.
+    clip = [2500.0, 2600.0, 2700.0]
+    assert _mann_whitney(clip, [2000.0, 2100.0]) == 1.0 and _mann_whitney(clip, [1500.0, 2050.0]) == 1.0
+    assert "| algorithm X | P(X > `ppo`) | 95 % CI | P(X > `trpo`) | 95 % CI |" in text
+    assert "| `ppo_ext_clip` | 1.00 | [1.00, 1.00] | 1.00 | [1.00, 1.00] |" in text
+    # Machines: A (old markers and the resumed runs' first segments), B (their second); resumed runs stay out of the timings.
+    assert "**A**: 2 CPU cores; stable_baselines3 x; **B**: 16 CPU cores; stable_baselines3 y." in text
+    assert "| 38 s | 900 (without 1 run split across machines) | 0.90 (same settings but the variant) | A+B |" in text
+    split_cells = "| — (runs split across machines) | — (runs split across machines) | — (runs split across machines) | A+B |"
+    kl_row = next(line for line in text.splitlines() if line.startswith("| `ppo_ext_kl` | 1 | 30000 |"))
+    assert kl_row.endswith(f"| 30k (1/1 seeds: 30k) {split_cells}")
+    # Segments: one row per run (seeds whose segments read the same share one).
+    assert "## Runs, segments, machines and commits" in text
+    assert _en("| Hopper-v5 | `ppo` | 0~1 | 0~30k on A @ abc1234, ended 2026-11-30 |") in text
+    assert _en("| Hopper-v5 | `ppo_ext_clip` | 0~1 | 0~30k on A @ abc1234, ended 2026-11-30 |") in text
+    assert (
+        _en(
+            "| Hopper-v5 | `ppo_ext_clip` | 2 | 0~10k on A (host-a (2 cores)) @ abc1234, ended 2026-12-01; 10k~30k on B "
+            "(lent) @ def5678, ended 2026-12-02 (machines differ: timings left out) |"
+        )
+        in text
+    )
+    assert _en("| Pendulum-v1 | `ppo` | 0~4 | 0~30k on A @ unrecorded |") in text
+    # The 1M targets from the numbers: runs incomplete, so not measured yet, with the numbers so far.
+    assert (
+        "| best PPOExt variant IQM ≥ stock PPO's and ≥ TRPO's | Hopper-v5 (`ppo_ext_clip`) | not measured yet (runs "
+        "incomplete; so far met) | 2600.0 vs `ppo` 2050.0 (+550.0), `trpo` 1775.0 (+825.0) |"
+    ) in text
+    assert "Hopper-v5 (`ppo_ext_clip`): 1.00 [1.00, 1.00] so far" in text
+
+
+def _summary(algo: str, iqm: float) -> object:
+    return report.Summary(algo, [0, 1, 2], 1_000_000, np.array([iqm] * 3), iqm, (iqm, iqm), [], 1.0, 1.0, ("m",))
+
+
+def test_mujoco_1m_goal_from_the_numbers():
+    summaries = {
+        "Hopper-v5": [_summary("ppo", 2000.0), _summary("trpo", 2500.0), _summary("ppo_ext_kl", 2600.0)],
+        "Walker2d-v5": [_summary("ppo", 3000.0), _summary("trpo", 2000.0), _summary("ppo_ext_clip", 3100.0)],
+    }
+    found = {
+        "Hopper-v5": {("ppo_ext_kl", "ppo"): (0.9, (0.6, 1.0))},
+        "Walker2d-v5": {("ppo_ext_clip", "ppo"): (0.6, (0.2, 1.0))},
+    }
+    complete = {"Hopper-v5": True, "Walker2d-v5": True}
+
+    def table(**changes):
+        return "\n".join(report.targets_1m_section("mujoco-1m", summaries, found, {**complete, **changes}))
+
+    text = table()
+    assert "| Hopper-v5 (`ppo_ext_kl`) | met | 2600.0 vs `ppo` 2000.0 (+600.0), `trpo` 2500.0 (+100.0) |" in text
+    assert "| Walker2d-v5 (`ppo_ext_clip`) | met |" in text
+    assert "on ≥ 1 env | Hopper-v5, Walker2d-v5 | met | Hopper-v5 (`ppo_ext_kl`): 0.90 [0.60, 1.00]; Walker2d-v5" in text
+    assert "| the goal: both targets above, on both envs | Hopper-v5, Walker2d-v5 | met | — |" in text
+    # Walker2d incomplete: not measured yet, the goal with it.
+    text = table(**{"Walker2d-v5": False})
+    assert "| Walker2d-v5 (`ppo_ext_clip`) | not measured yet (runs incomplete; so far met) |" in text
+    assert "| the goal: both targets above, on both envs | Hopper-v5, Walker2d-v5 | not measured yet | — |" in text
+    # TRPO ahead of the best variant on Walker2d: missed, and so the goal.
+    summaries["Walker2d-v5"][1] = _summary("trpo", 3200.0)
+    text = table()
+    assert "| Walker2d-v5 (`ppo_ext_clip`) | **missed** | 3100.0 vs `ppo` 3000.0 (+100.0), `trpo` 3200.0 (-100.0) |" in text
+    assert "| the goal: both targets above, on both envs | Hopper-v5, Walker2d-v5 | **missed** | — |" in text
+    # No env's CI above 0.5: the probability target is missed.
+    summaries["Walker2d-v5"][1] = _summary("trpo", 2000.0)
+    found["Hopper-v5"][("ppo_ext_kl", "ppo")] = (0.7, (0.5, 0.9))  # the CI touches 0.5: not excluded
+    text = table()
+    assert "on ≥ 1 env | Hopper-v5, Walker2d-v5 | **missed** |" in text
+    assert "| the goal: both targets above, on both envs | Hopper-v5, Walker2d-v5 | **missed** | — |" in text
+    # A baseline not run: not measured yet.
+    del summaries["Hopper-v5"][1]
+    assert "| best PPOExt variant IQM ≥ stock PPO's and ≥ TRPO's | Hopper-v5 | not measured yet | — |" in table()
+
+
+def test_report_results_and_keep_data_arguments(tmp_path, capsys):
+    assert report.parse_results(["issue=a", "mujoco-1m=b"], "issue") == [("issue", Path("a")), ("mujoco-1m", Path("b"))]
+    assert report.parse_results(["x"], "pendulum") == [("pendulum", Path("x"))]  # a folder alone: --suite's
+    assert report.parse_results(None, "issue") == [("issue", Path("logs/benchmark"))]
+    with pytest.raises(ValueError, match="unknown suite 'nosuch'"):
+        report.parse_results(["nosuch=x"], "issue")
+    with pytest.raises(ValueError, match="more than one results folder"):
+        report.parse_results(["issue=a", "b"], "issue")
+    assert report.parse_keep_data(None, ["issue", "mujoco-1m"]) == {
+        "issue": Path("docs/benchmarks/data"),
+        "mujoco-1m": Path("docs/benchmarks/data-1m"),
+    }
+    assert report.parse_keep_data([""], ["issue", "mujoco-1m"]) == {}
+    assert report.parse_keep_data(["d"], ["issue"]) == {"issue": Path("d")}
+    assert report.parse_keep_data(["mujoco-1m=e"], ["issue", "mujoco-1m"]) == {"mujoco-1m": Path("e")}
+    with pytest.raises(ValueError, match="give SUITE=FOLDER"):
+        report.parse_keep_data(["d"], ["issue", "mujoco-1m"])
+    assert report.main(["--results", "nosuch=x", "--out", str(tmp_path / "r.md")]) == 2
+    assert "unknown suite" in capsys.readouterr().err
+    # No suite with a finished run: no report.
+    argv = ["--results", f"issue={tmp_path / 'a'}", "--results", f"mujoco-1m={tmp_path / 'b'}", "--keep-data", ""]
+    assert report.main([*argv, "--out", str(tmp_path / "r.md")]) == 1
+    assert "no finished runs" in capsys.readouterr().err and not (tmp_path / "r.md").exists()
 
 
 def test_run_lock_keeps_a_second_writer_out_of_a_running_run(tmp_path, capsys):

@@ -8,11 +8,11 @@ import io
 import itertools
 import json
 import os
-import pickle
 import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -76,8 +76,8 @@ def test_paused_run_continues_from_its_checkpoint(tiny, tmp_path, monkeypatch):
 
     checkpointed = PPOExt.load(io.BytesIO(state["model"]))  # its beta moved away from the initial 1.0
     assert checkpointed.num_timesteps == 384 and checkpointed.current_kl_coef != 1.0
-    checkpointed_stats = pickle.loads(state["vec_normalize"])
-    assert checkpointed_stats.obs_rms.count > 384
+    arrays = state["arrays"]  # VecNormalize's statistics, read without pickle
+    assert arrays["obs_rms.count"] > 384 and arrays["ret_rms.count"] > 384 and arrays["obs_rms.mean"].shape == (3,)
 
     restored = {}
     original_restore = benchmark._restore
@@ -92,14 +92,19 @@ def test_paused_run_continues_from_its_checkpoint(tiny, tmp_path, monkeypatch):
             count=vec_normalize.obs_rms.count,
             params={key: value.clone() for key, value in model.policy.state_dict().items()},
             lr=model.lr_schedule(model._current_progress_remaining),
+            torch_rng=th.get_rng_state().numpy().copy(),
+            numpy_rng=np.random.get_state()[1].copy(),
         )
         return model
 
     monkeypatch.setattr(benchmark, "_restore", spy)
     marker = benchmark.run_one(dataclasses.replace(tiny, machine="second machine"))
     assert restored["beta"] == checkpointed.current_kl_coef and restored["steps"] == 384
-    np.testing.assert_array_equal(restored["mean"], checkpointed_stats.obs_rms.mean)
-    assert restored["count"] == checkpointed_stats.obs_rms.count
+    np.testing.assert_array_equal(restored["mean"], arrays["obs_rms.mean"])
+    assert restored["count"] == arrays["obs_rms.count"]
+    # The generators continue where the checkpoint left them (SB3's load had reseeded them from the model's seed).
+    np.testing.assert_array_equal(restored["torch_rng"], arrays["torch_rng"])
+    np.testing.assert_array_equal(restored["numpy_rng"], arrays["numpy_rng_keys"])
     for key, value in checkpointed.policy.state_dict().items():
         assert th.equal(restored["params"][key], value), key
     assert restored["lr"] == pytest.approx(checkpointed.lr_schedule(1 - 384 / 1024))
@@ -140,7 +145,8 @@ def test_checkpoint_of_other_settings_or_unreadable_is_not_continued(tiny):
     tiny.checkpoint_path.write_bytes(tiny.checkpoint_path.read_bytes()[:1000])
     state, why = benchmark.read_checkpoint(tiny)
     assert state is None and "is unreadable" in why
-    tiny.checkpoint_path.write_bytes(pickle.dumps({"format": 0}))
+    with zipfile.ZipFile(tiny.checkpoint_path, "w") as archive:
+        archive.writestr("state.json", json.dumps({"format": 0}))
     assert "not a format-1" in benchmark.read_checkpoint(tiny)[1]
     marker = benchmark.run_one(tiny)
     assert [part["from_timesteps"] for part in marker["segments"]] == [0]
