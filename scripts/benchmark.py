@@ -218,14 +218,11 @@ def expected_hyperparams(spec: RunSpec) -> dict[str, str] | None:
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder, flushed to disk, and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mode = "wb" if isinstance(data, bytes) else "w"
-    with tempfile.NamedTemporaryFile(mode, dir=path.parent, prefix=path.name + ".", suffix=".tmp", delete=False) as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(file.name, path)
+    """Write ``data`` to ``path`` atomically, with the package's own :func:`sb3_ppo_ext.reliability.atomic_path`."""
+    from sb3_ppo_ext.reliability import atomic_path
+
+    with atomic_path(path) as file:
+        file.write(data.encode() if isinstance(data, str) else data)
 
 
 # --- checkpoints: a run in segments ---------------------------------------------------------------
