@@ -556,24 +556,38 @@ def _working_directory(folder: str) -> Iterator[None]:
         os.chdir(previous)
 
 
+def git_output(folder: Path, *args: str) -> str:
+    """
+    ``git -C folder ARGS``'s stripped output.
+
+    :raises OSError: git is not installed
+    :raises subprocess.SubprocessError: git failed (not a checkout, unknown commit) or took over 10 s
+    """
+    import subprocess
+
+    result = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, check=True, timeout=10)
+    return result.stdout.strip()
+
+
 def source_revision(folder: Path) -> str | None:
     """The git commit of the checkout ``folder`` belongs to (``+dirty`` with uncommitted changes); None outside git."""
     import subprocess
 
     try:
-        commit = subprocess.run(
-            ["git", "-C", str(folder), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, timeout=10
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no", "--", "."],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
+        commit = git_output(folder, "rev-parse", "--short", "HEAD")
+        dirty = git_output(folder, "status", "--porcelain", "--untracked-files=no", "--", ".")
     except (OSError, subprocess.SubprocessError):
         return None
     return commit + ("+dirty" if dirty else "")
+
+
+def pause_line(name: str, marker: dict[str, Any]) -> str:
+    """What the benchmark prints for a run that ``run_one`` paused or, past the deadline, did not start."""
+    if marker.get("started", True):
+        return f"PAUSED {name} at {marker['timesteps']} steps (checkpointed)"
+    # The deadline passed before the run's turn: nothing was written for it.
+    where = f"stays at its checkpoint of {marker['timesteps']} steps" if marker["timesteps"] else "not started"
+    return f"NOT RUN {name} (the --stop-after deadline passed first; {where})"
 
 
 class RunInProgressError(RuntimeError):
@@ -616,6 +630,7 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
     and done marker, or pause it at a checkpoint (``spec.segment_steps``, ``spec.deadline``).
 
     :return: the marker's content, or ``{"paused": True, "timesteps": ..., "resumed": ...}``
+        (with ``"started": False`` when the deadline had passed before the run's turn came)
     :raises RunInProgressError: another process is running the same run now
     """
     spec = dataclasses.replace(spec, out=str(Path(spec.out).resolve()))
@@ -629,7 +644,7 @@ def _run_locked(spec: RunSpec) -> dict[str, Any]:
     th.set_num_threads(1)
     state, why = read_checkpoint(spec)
     if spec.deadline is not None and time.time() >= spec.deadline:  # too late to start: its files stay as they are
-        return {"paused": True, "timesteps": state["timesteps"] if state else 0, "resumed": why}
+        return {"paused": True, "started": False, "timesteps": state["timesteps"] if state else 0, "resumed": why}
     if state is None:  # from scratch: nothing of an earlier attempt may mix in
         for stale in (spec.marker_path, spec.csv_path, spec.checkpoint_path):
             stale.unlink(missing_ok=True)
@@ -841,7 +856,7 @@ def run_matrix(specs: list[RunSpec], workers: int) -> int:
                 continue
             if marker.get("paused"):
                 paused += 1
-                print(f"[{done}/{len(pending)}] PAUSED {name} at {marker['timesteps']} steps (checkpointed)", flush=True)
+                print(f"[{done}/{len(pending)}] {pause_line(name, marker)}", flush=True)
                 continue
             durations.append(marker["total_wall_time_s"])
             # Runs finish about every elapsed/done seconds with all workers busy.
@@ -854,7 +869,7 @@ def run_matrix(specs: list[RunSpec], workers: int) -> int:
                 flush=True,
             )
     if paused:
-        print(f"{paused} run(s) paused at a checkpoint; rerun the same command to continue them", flush=True)
+        print(f"{paused} run(s) paused or not started; rerun the same command to continue them", flush=True)
     return failures
 
 

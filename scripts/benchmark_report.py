@@ -59,11 +59,12 @@ import numpy as np
 from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmark import ALGOS, SUITES
+from benchmark import ALGOS, SUITES, git_output
 
 from sb3_ppo_ext.hyperparams import PPO_EXT_YML
 
 STOCK = "ppo"
+REPO = Path(__file__).resolve().parents[1]  # the checkout whose git history names the runs' commits
 GPU_NOTE = Path("docs/benchmarks/gpu/note.md")  # what scripts/gpu_check.py --device cuda found, written by hand
 TRPO = "trpo"
 # The references every other algorithm (a PPOExt variant) is compared with.
@@ -1061,6 +1062,29 @@ def _relative(path: Path, start: Path) -> str:
     return Path(os.path.relpath(path, start)).as_posix()
 
 
+def package_code_note(revisions: list[str], repo: Path = REPO) -> str:
+    """
+    Whether the runs' commits share the package's code: the git tree of ``sb3_ppo_ext/`` at each
+    commit (a commit records the whole checkout, so later data-only commits still name the same code).
+
+    :return: a sentence to append (leading space), or "" where git or a commit is not available
+    """
+    import subprocess
+
+    trees = set()
+    for revision in revisions:
+        commit = revision.split("+")[0]
+        if revision.endswith("+dirty"):
+            return f" Commit {commit} had uncommitted changes in `sb3_ppo_ext/`."
+        try:
+            trees.add(git_output(repo, "rev-parse", "--short", f"{commit}:sb3_ppo_ext"))
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    if len(trees) == 1:
+        return f" The package's code (`sb3_ppo_ext/`, git tree {trees.pop()}) is the same at all of them."
+    return f" The package's code differs between them ({len(trees)} distinct `sb3_ppo_ext/` trees)."
+
+
 def suite_section(
     suite: SuiteResults, out_md: Path, figures: Path, labels: dict[str, str]
 ) -> tuple[list[str], dict[str, list[Summary]], dict[str, dict[tuple[str, str], tuple[float, tuple[float, float]]]]]:
@@ -1076,7 +1100,7 @@ def suite_section(
         unrecorded = " (None: recorded before commits were)" if "None" in revisions else ""
         lines += [
             f"Results: `{suite.folder}`. One torch thread per run, device {marker['budget']['device']}; sb3_ppo_ext "
-            f"commits of the runs: {', '.join(revisions)}{unrecorded}. "
+            f"commits of the runs: {', '.join(revisions)}{unrecorded}.{package_code_note(revisions)} "
             f"Evaluation: {marker['budget']['eval_episodes']} episodes.",
             "",
         ]

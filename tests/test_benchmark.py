@@ -466,6 +466,40 @@ def test_source_revision(tmp_path):
     assert benchmark.source_revision(repo / "sb3_ppo_ext").split("+")[0] == head.stdout.strip()
 
 
+def test_package_code_note(tmp_path):
+    """The report says whether the runs' commits share the package's code, from git's tree of sb3_ppo_ext/."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    git("init", "-q")
+    git("config", "user.email", "t@example.com")
+    git("config", "user.name", "t")
+    (tmp_path / "sb3_ppo_ext").mkdir()
+    (tmp_path / "sb3_ppo_ext" / "engine.py").write_text("a = 1\n")
+    git("add", "-A")
+    git("commit", "-q", "-m", "package")
+    first = git("rev-parse", "--short", "HEAD")
+    (tmp_path / "data.csv").write_text("1\n")
+    git("add", "-A")
+    git("commit", "-q", "-m", "data only")
+    data_only = git("rev-parse", "--short", "HEAD")
+    (tmp_path / "sb3_ppo_ext" / "engine.py").write_text("a = 2\n")
+    git("add", "-A")
+    git("commit", "-q", "-m", "engine change")
+    changed = git("rev-parse", "--short", "HEAD")
+    tree = git("rev-parse", "--short", f"{first}:sb3_ppo_ext")
+
+    same = report.package_code_note([first, data_only], repo=tmp_path)
+    assert same == f" The package's code (`sb3_ppo_ext/`, git tree {tree}) is the same at all of them."
+    assert "2 distinct `sb3_ppo_ext/` trees" in report.package_code_note([first, changed], repo=tmp_path)
+    assert f"{changed} had uncommitted changes" in report.package_code_note([f"{changed}+dirty"], repo=tmp_path)
+    assert report.package_code_note(["0000000"], repo=tmp_path) == ""  # unknown commit: nothing claimed
+    assert report.package_code_note([first], repo=tmp_path / "nowhere") == ""
+
+
 def test_report_names_a_variant_that_reproduced_stock_ppo(fixture_results, tmp_path, fast_rliable):
     """A variant whose evaluations equal stock PPO's seed for seed is a tie, and the report says so."""
     for seed, final in enumerate(STOCK_FINALS):

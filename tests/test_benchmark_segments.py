@@ -156,10 +156,15 @@ def test_past_deadline_starts_nothing_and_keeps_the_files(tiny):
     benchmark.run_one(dataclasses.replace(tiny, segment_steps=256))
     files = {path: path.read_bytes() for path in Path(tiny.out).rglob("*") if path.is_file() and path.suffix != ".log"}
     result = benchmark.run_one(dataclasses.replace(tiny, deadline=time.time() - 1))
-    assert result["paused"] and result["timesteps"] == 256
+    assert result["paused"] and result["started"] is False and result["timesteps"] == 256
+    assert benchmark.pause_line("run", result) == (
+        "NOT RUN run (the --stop-after deadline passed first; stays at its checkpoint of 256 steps)"
+    )
     assert {path: path.read_bytes() for path in files} == files
     fresh = dataclasses.replace(tiny, seed=1, deadline=time.time() - 1)
-    assert benchmark.run_one(fresh) == {"paused": True, "timesteps": 0, "resumed": "no checkpoint"}
+    result = benchmark.run_one(fresh)
+    assert result == {"paused": True, "started": False, "timesteps": 0, "resumed": "no checkpoint"}
+    assert benchmark.pause_line("run", result) == "NOT RUN run (the --stop-after deadline passed first; not started)"
     assert not fresh.csv_path.with_suffix(".csv.tmp").exists()
 
 
@@ -168,6 +173,7 @@ def test_deadline_pauses_at_the_next_checkpoint(tiny):
     result = benchmark.run_one(long)
     state, _ = benchmark.read_checkpoint(long)
     assert result["paused"] and 0 < result["timesteps"] == state["timesteps"] < 1_000_000
+    assert benchmark.pause_line("run", result) == f"PAUSED run at {result['timesteps']} steps (checkpointed)"
     assert result["timesteps"] % 128 == 0  # at a rollout boundary
     assert all(row[0] <= state["timesteps"] for row in state["rows"]) and not long.marker_path.exists()
 
