@@ -168,9 +168,28 @@ def test_past_deadline_starts_nothing_and_keeps_the_files(tiny):
     assert not fresh.csv_path.with_suffix(".csv.tmp").exists()
 
 
-def test_deadline_pauses_at_the_next_checkpoint(tiny):
-    long = dataclasses.replace(tiny, steps=1_000_000, deadline=time.time() + 2)
+def test_deadline_pauses_at_the_next_checkpoint(tiny, monkeypatch):
+    class Clock:
+        """
+        time.time() before the deadline (1.0) at the start check and the first rollout, real time (past it)
+        afterwards: the deadline passes during training, however slow a loaded machine makes the setup.
+        """
+
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def __getattr__(self, name: str):
+            return getattr(time, name)
+
+        def time(self) -> float:
+            self.calls += 1
+            return 0.0 if self.calls <= 2 else time.time()
+
+    clock = Clock()
+    monkeypatch.setattr(benchmark, "time", clock)
+    long = dataclasses.replace(tiny, steps=1_000_000, deadline=1.0)
     result = benchmark.run_one(long)
+    assert clock.calls > 2
     state, _ = benchmark.read_checkpoint(long)
     assert result["paused"] and 0 < result["timesteps"] == state["timesteps"] < 1_000_000
     assert benchmark.pause_line("run", result) == f"PAUSED run at {result['timesteps']} steps (checkpointed)"
