@@ -966,8 +966,11 @@ def tuned_comments(path: Path) -> dict[str, list[str]]:
     return found
 
 
-def tuning_section(suites: str | list[str], yml: Path) -> list[str]:
-    """Which envs of the suites have a tuned entry in the shipped yml, and by which study."""
+def tuning_section(suites: str | list[str], yml: Path, studies: list[tuple[str, str]] = ()) -> list[str]:
+    """
+    Which envs of the suites have a tuned entry in the shipped yml, and by which study; then the
+    progress of each of ``studies`` ((storage, study name) pairs, read with ``zoo_study.py``'s status).
+    """
     tuned = tuned_comments(yml)
     names = [suites] if isinstance(suites, str) else suites
     envs = dict.fromkeys(budget.env for name in names for budget in SUITES[name])
@@ -976,6 +979,16 @@ def tuning_section(suites: str | list[str], yml: Path) -> list[str]:
         comment = tuned.get(env)
         text = "<br>".join(comment) if comment else "not tuned: the starting point (rl-zoo3's `ppo.yml` settings)"
         lines.append(f"| {env} | {text} |")
+    if studies:
+        import optuna
+        from zoo_study import study_status
+
+        from sb3_ppo_ext.samplers import make_storage
+
+        lines += ["", "Studies read from their storage when this report was written:", ""]
+        for storage, name in studies:
+            study = optuna.load_study(study_name=name, storage=make_storage(storage))
+            lines.append(f"- `{storage}`: {study_status(study)}")
     return lines
 
 
@@ -1170,7 +1183,8 @@ def _reproduce_section() -> list[str]:
         "# or rebuild this report from the committed inputs alone:",
         "python scripts/benchmark_report.py --results issue=docs/benchmarks/data \\",
         "    --results mujoco-1m=docs/benchmarks/data-1m --keep-data '' \\",
-        "    --throughput docs/benchmarks/throughput*.json --notes docs/benchmarks/notes.md",
+        "    --throughput docs/benchmarks/throughput*.json --notes docs/benchmarks/notes.md \\",
+        "    --study sqlite:///docs/benchmarks/study/hopper-v5.db ppo_ext-hopper-500k",
         "```",
         "",
     ]
@@ -1184,8 +1198,13 @@ def build_report(
     gpu_note: str = "",
     notes: str = "",
     yml: Path | None = None,
+    studies: list[tuple[str, str]] = (),
 ) -> dict[str, dict[str, list[Summary]]]:
-    """Write the markdown report and the PNGs; return the summaries by suite and env."""
+    """
+    Write the markdown report and the PNGs; return the summaries by suite and env.
+
+    :param studies: (storage, study name) of Optuna studies whose progress the tuning section lists
+    """
     labels = machine_labels([suite.runs for suite in suites])
     lines = [
         "# Benchmarks: PPOExt against stock SB3 PPO and TRPO",
@@ -1228,7 +1247,7 @@ def build_report(
             table = targets_section(suite.name, summaries[suite.name], ratios, identical_to_stock(suite.runs))
         lines += [f"### Suite `{suite.name}`", "", *table, ""]
     if yml is not None:
-        lines += ["## Tuning", "", *tuning_section([suite.name for suite in suites], yml), ""]
+        lines += ["## Tuning", "", *tuning_section([suite.name for suite in suites], yml, studies), ""]
     gpu_note = gpu_note.strip() or "Not run: no CUDA machine was available when this report was built."
     lines += ["## GPU check", "", gpu_note, ""]
     if notes:
@@ -1327,6 +1346,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--notes", help="markdown file with findings, included as they are")
     parser.add_argument("--yml", default=str(PPO_EXT_YML), help="the shipped ppo_ext.yml (its # Tuned entries are listed)")
+    parser.add_argument(
+        "--study",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("STORAGE", "NAME"),
+        help="an Optuna study (storage URL or journal file, study name) whose progress the tuning section lists",
+    )
     args = parser.parse_args(argv)
     try:
         sources = parse_results(args.results, args.suite)
@@ -1356,6 +1383,7 @@ def main(argv: list[str] | None = None) -> int:
         gpu_note,
         notes,
         Path(args.yml) if args.yml else None,
+        [tuple(study) for study in args.study],
     )
     for suite, by_env in summaries.items():
         for env, env_summaries in by_env.items():

@@ -5,7 +5,9 @@
 best trial is never worse than them on the study's own measure. Then run rl-zoo3's workers on the
 same storage and study name (any number, on any machines for a database storage). ``best`` prints
 the best trial as a ``ppo_ext.yml`` entry marked ``# Tuned`` with the study command, next to the
-shipped entry's own result in the same study.
+shipped entry's own result in the same study. ``status`` prints a study's progress (trials by state,
+the best complete trial, the shipped entry's result); ``scripts/benchmark_report.py --study`` puts
+the same line in the report.
 
     python scripts/zoo_study.py seed --env LunarLanderContinuous-v3 --storage logs/ll.log --study-name ppo_ext-ll
     python -m rl_zoo3.train --algo ppo_ext --env LunarLanderContinuous-v3 -optimize --n-trials 8 \\
@@ -99,9 +101,32 @@ def entry_yaml(env_id: str, study: optuna.Study, command: str | None) -> str:
     return "\n".join(lines) + "\n" + block
 
 
+def study_status(study: optuna.Study) -> str:
+    """
+    One paragraph on a study's progress: trials by state, the best complete trial and the shipped
+    entry's own trial (for a study that is still running or was stopped, as the report shows it).
+    """
+    trials = study.get_trials(deepcopy=False)
+    states = optuna.trial.TrialState
+    counts = {state: sum(trial.state == state for trial in trials) for state in states}
+    parts = [f"{counts[state]} {state.name.lower()}" for state in states if counts[state]]
+    text = f"study {study.study_name!r}: {len(trials)} trials" + (f" ({', '.join(parts)})" if parts else "")
+    complete = [trial for trial in trials if trial.state == states.COMPLETE]
+    if complete:
+        best = max(complete, key=lambda trial: trial.value)
+        lowest = min(trial.value for trial in complete)
+        text += f"; best complete trial {best.number}: {best.value:.1f} (complete trials {lowest:.1f} to {best.value:.1f})"
+    shipped = [trial for trial in trials if trial.user_attrs.get(SHIPPED_ATTR)]
+    if shipped:
+        trial = shipped[0]
+        result = f"{trial.value:.1f}" if trial.state == states.COMPLETE else trial.state.name.lower()
+        text += f"; the shipped entry (trial {trial.number}): {result}"
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=["seed", "best"])
+    parser.add_argument("action", choices=["seed", "best", "status"])
     parser.add_argument("--env", required=True)
     parser.add_argument("--storage", required=True, help="as rl-zoo3's --storage: database URL or journal file")
     parser.add_argument("--study-name", required=True)
@@ -115,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     study = optuna.load_study(study_name=args.study_name, storage=make_storage(args.storage))
+    if args.action == "status":
+        print(study_status(study))
+        return 0
     sys.stdout.write(entry_yaml(args.env, study, args.command))
     return 0
 

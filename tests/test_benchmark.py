@@ -455,6 +455,20 @@ def test_report_lists_tuned_entries(tmp_path):
         in ("\n".join(lines))
     )
     assert "| Hopper-v5 | not tuned" in "\n".join(lines) and "| Pendulum-v1 | not tuned" in "\n".join(lines)
+    assert not any("Studies" in line for line in lines)
+    # A study in progress (--study STORAGE NAME): its status line, read from the storage.
+    import optuna
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(storage=storage, study_name="hopper", direction="maximize")
+    study.enqueue_trial({"x": 1.0}, user_attrs={"shipped_entry": True})
+    study.optimize(lambda trial: trial.suggest_float("x", 0.0, 2.0) * 100, n_trials=2)
+    lines = report.tuning_section("issue", yml, [(storage, "hopper")])
+    assert lines[-1] == (
+        f"- `{storage}`: study 'hopper': 2 trials (2 complete); best complete trial {study.best_trial.number}: "
+        f"{study.best_value:.1f} (complete trials {min(t.value for t in study.trials):.1f} to {study.best_value:.1f}); "
+        "the shipped entry (trial 0): 100.0"
+    )
 
 
 def test_source_revision(tmp_path):

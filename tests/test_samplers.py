@@ -342,6 +342,35 @@ def test_zoo_study_seeds_the_shipped_entry_and_writes_a_tuned_entry(tmp_path):
     assert load_hyperparams("Pendulum-v1", written) == shipped
 
 
+def test_zoo_study_status_counts_trials_by_state(tmp_path):
+    """``zoo_study.py status``: trials by state, the best complete trial and the shipped entry's result."""
+    spec = importlib.util.spec_from_file_location(
+        "zoo_study", Path(__file__).resolve().parents[1] / "scripts" / "zoo_study.py"
+    )
+    zoo_study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(zoo_study)
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = zoo_study.seed_study("Pendulum-v1", storage, "s")
+    assert zoo_study.study_status(study) == "study 's': 1 trials (1 waiting); the shipped entry (trial 0): waiting"
+    shipped = study.ask()
+    sample_zoo_form(shipped, continuous=True)
+    study.tell(shipped, -300.0)
+    for value in (-150.0, -900.0):
+        trial = study.ask()
+        sample_zoo_form(trial, continuous=True)
+        study.tell(trial, value)
+    pruned = study.ask()
+    study.tell(pruned, state=optuna.trial.TrialState.PRUNED)
+    failed = study.ask()
+    study.tell(failed, state=optuna.trial.TrialState.FAIL)
+    study.ask()  # running
+    assert zoo_study.study_status(study) == (
+        "study 's': 6 trials (1 running, 3 complete, 1 pruned, 1 fail); best complete trial 1: -150.0 "
+        "(complete trials -900.0 to -150.0); the shipped entry (trial 0): -300.0"
+    )
+    assert zoo_study.main(["status", "--env", "Pendulum-v1", "--storage", storage, "--study-name", "s"]) == 0
+
+
 @pytest.mark.parametrize("racing", [True, False])
 def test_storage_retries_only_the_table_creation_race(tmp_path, monkeypatch, racing):
     """SQLite workers started together: one sees "table studies already exists" and retries; other errors are not retried."""
