@@ -229,6 +229,8 @@ def collect_tests(args: tuple[str, ...]) -> int:
 def check_command(words: list[str], env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     words = [os.path.expandvars(word) if "$" in word else word for word in words]
     assert not any("$" in word for word in words), f"unknown shell variable in {words}"
+    while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=\S*", words[0]):  # NAME=value before a command: its environment
+        words = words[1:]
     line = " ".join(words)
     if any(line.startswith(prefix) for prefix in NOT_EXECUTED):
         if words[0] == "bash":
