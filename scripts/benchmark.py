@@ -37,7 +37,13 @@ never blocks a restart. Worker processes exit when the benchmark process that st
     python scripts/benchmark.py --suite pendulum --workers 1
     python scripts/benchmark.py --suite mujoco-1m --out docs/benchmarks/data-1m --machine "local 2-core" --stop-after 120
     python scripts/benchmark.py --envs Pendulum-v1 --algos ppo ppo_ext_clip --seeds 2 --steps 20000
+    python scripts/benchmark.py --suite tuned-1m --out docs/benchmarks/data-tuned   # a tuned entry on fresh seeds
     python scripts/benchmark_report.py   # docs/BENCHMARKS.md from the results
+
+A tuned entry is validated as ``ppo_ext_tuned``: the entry for the env in ``--candidate FILE`` (a
+yml as ``scripts/zoo_study.py best`` writes it; the ``tuned-1m`` suite reads
+``docs/benchmarks/study/candidates.yml``), trained beside the shipped entry (``ppo_ext_clip``) on seeds
+the study did not use. Its entry's settings are part of what a finished run or checkpoint must match.
 
 Run one process per core at most (``--workers``, default: the core count); each uses one torch thread.
 """
@@ -97,9 +103,19 @@ ALGOS: dict[str, tuple[str, dict[str, Any], str]] = {
         {"policy_kwargs": {"activation_fn": "tanh"}},
         "PPOExt, squashed head + clip with tanh hidden activations (policy_kwargs.activation_fn: tanh)",
     ),
+    "ppo_ext_tuned": (
+        "ppo_ext",
+        {},
+        "PPOExt, a candidate entry (--candidate FILE: a tuning study's best trial) instead of the shipped one",
+    ),
 }
 # Algorithms whose settings come from rl-zoo3's own yml files (the rest from the shipped ppo_ext.yml).
 ZOO_OWN = ("ppo", "trpo")
+# A candidate entry (a yml of entries by env id, as `scripts/zoo_study.py best` writes them) runs as
+# CANDIDATE beside the shipped entry as it is (SHIPPED), on seeds the study never trained with.
+CANDIDATE = "ppo_ext_tuned"
+SHIPPED = "ppo_ext_clip"
+REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +127,7 @@ class EnvBudget:
     seeds: int
     eval_freq: int
     algos: tuple[str, ...] | None = None  # None: every requested algorithm
+    first_seed: int = 0
 
 
 # Locomotion at the budget users train at: Hopper for the five algorithms, Walker2d for stock PPO, TRPO
@@ -134,7 +151,12 @@ SUITES: dict[str, list[EnvBudget]] = {
         EnvBudget("Hopper-v5", 1_000_000, 5, 20_000, MUJOCO_1M_HOPPER),
         EnvBudget("Walker2d-v5", 1_000_000, 3, 20_000, MUJOCO_1M_WALKER),
     ],
+    # A tuned entry earns its place on fresh seeds: the Hopper-v5 study's best trial against the shipped
+    # entry at 1M steps, on seeds 100-104 (the study's workers seeded their envs with 1-12).
+    "tuned-1m": [EnvBudget("Hopper-v5", 1_000_000, 5, 20_000, (SHIPPED, CANDIDATE), first_seed=100)],
 }
+# The candidate file a suite validates, relative to the repository (--candidate replaces it).
+SUITE_CANDIDATES = {"tuned-1m": "docs/benchmarks/study/candidates.yml"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +176,9 @@ class RunSpec:
     machine: str = ""
     segment_steps: int | None = None
     deadline: float | None = None
+    # The candidate yml (absolute path) that CANDIDATE runs take their entry from; its entry's settings,
+    # not its path, are what a finished run or checkpoint must match.
+    candidate: str | None = None
 
     @property
     def stem(self) -> Path:
@@ -210,6 +235,8 @@ def expected_hyperparams(spec: RunSpec) -> dict[str, str] | None:
     zoo_algo, overrides, _ = ALGOS[spec.algo]
     if zoo_algo in ZOO_OWN:
         entry, _ = _zoo_entry(zoo_algo, spec.env)
+    elif spec.algo == CANDIDATE:
+        entry = candidate_entry(spec.candidate, spec.env)
     else:
         from sb3_ppo_ext.hyperparams import load_hyperparams
 
@@ -217,6 +244,34 @@ def expected_hyperparams(spec: RunSpec) -> dict[str, str] | None:
     if entry is None:
         return None
     return _comparable({key: repr(value) for key, value in {**entry, **_zoo_overrides(spec.env, overrides)}.items()})
+
+
+def candidate_entry(path: str | None, env_id: str) -> dict[str, Any]:
+    """
+    The entry for ``env_id`` in a candidate file: a yml of entries by env id, as
+    ``scripts/zoo_study.py best`` writes them (rl-zoo3 reads the same file as its ``--conf-file``).
+    """
+    import yaml
+
+    if path is None:
+        raise ValueError(f"{CANDIDATE} needs a candidate entry: pass --candidate FILE (a yml of entries by env id)")
+    try:
+        entries = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise ValueError(f"candidate file {path}: cannot read it as yml ({error})") from None
+    if not isinstance(entries, dict) or not isinstance(entries.get(env_id), dict):
+        found = sorted(map(str, entries)) if isinstance(entries, dict) else "no entries"
+        raise ValueError(
+            f"candidate file {path}: no entry (a mapping) for {env_id}; found {found}. "
+            "Write one with: python scripts/zoo_study.py best --env ENV --storage ... --study-name ..."
+        )
+    return entries[env_id]
+
+
+def shown_path(path: str) -> str:
+    """``path`` relative to the repository when it lies inside it (as markers record it), else as it is."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(resolved)
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
@@ -673,6 +728,8 @@ def _run_locked(spec: RunSpec) -> dict[str, Any]:
         zoo_algo, overrides, description = ALGOS[spec.algo]
         if zoo_algo in ZOO_OWN:
             config, source = _zoo_config(zoo_algo, spec.env, folder)
+        elif spec.algo == CANDIDATE:
+            config, source = spec.candidate, f"{shown_path(spec.candidate)}: {spec.env} (candidate entry)"
         else:
             config, source = None, f"sb3_ppo_ext/hyperparams/ppo_ext.yml: {spec.env}"
         overrides = _zoo_overrides(spec.env, overrides)
@@ -772,9 +829,26 @@ def build_matrix(args: argparse.Namespace) -> list[RunSpec]:
             )
             for b in SUITES[args.suite]
         ]
-    algos = args.algos or list(ALGOS)
+    if args.candidate:
+        candidate = str(Path(args.candidate).resolve())
+    else:
+        candidate = None if args.envs or args.suite not in SUITE_CANDIDATES else str(REPO / SUITE_CANDIDATES[args.suite])
+    # The candidate variant runs only with a candidate entry to run; every other variant by default.
+    algos = args.algos or [algo for algo in ALGOS if algo != CANDIDATE or candidate]
+    planned = [(b, algo) for b in budgets for algo in algos if b.algos is None or algo in b.algos]
+    if candidate is None and any(algo == CANDIDATE for _, algo in planned):
+        raise SystemExit(f"--algos {CANDIDATE} needs --candidate FILE (a yml of entries by env id)")
+    if args.candidate and not any(algo == CANDIDATE for _, algo in planned):
+        raise SystemExit(f"--candidate {args.candidate} is only used by {CANDIDATE}, which this matrix does not run")
+    for b, algo in planned:
+        if algo == CANDIDATE:
+            try:
+                candidate_entry(candidate, b.env)  # a missing file or entry fails here, before any run starts
+            except ValueError as error:
+                raise SystemExit(str(error)) from None
     deadline = time.time() + args.stop_after * 60 if args.stop_after else None
     machine = args.machine or default_machine()
+    first_seeds = {b.env: b.first_seed if args.first_seed is None else args.first_seed for b in budgets}
     return [
         RunSpec(
             b.env,
@@ -788,9 +862,10 @@ def build_matrix(args: argparse.Namespace) -> list[RunSpec]:
             machine=machine,
             segment_steps=args.segment_steps,
             deadline=deadline,
+            candidate=candidate if algo == CANDIDATE else None,
         )
         for b in budgets
-        for seed in range(args.first_seed, args.first_seed + b.seeds)
+        for seed in range(first_seeds[b.env], first_seeds[b.env] + b.seeds)
         for algo in algos
         if b.algos is None or algo in b.algos
     ]
@@ -880,11 +955,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--suite", choices=sorted(SUITES), default="pendulum", help="preset envs and budgets")
     parser.add_argument("--envs", nargs="+", help="env ids instead of a suite (budget from --steps/--seeds/--eval-freq)")
     parser.add_argument(
-        "--algos", nargs="+", choices=list(ALGOS), help="algorithms (default: all; a suite may limit an env to some)"
+        "--algos",
+        nargs="+",
+        choices=list(ALGOS),
+        help=f"algorithms (default: all, {CANDIDATE} only with a candidate; a suite may limit an env to some)",
+    )
+    parser.add_argument(
+        "--candidate",
+        help=f"yml of candidate entries by env id (scripts/zoo_study.py best) that {CANDIDATE} runs "
+        f"(default for a suite: {SUITE_CANDIDATES})",
     )
     parser.add_argument("--steps", type=int, help="env-step budget per run (overrides the suite)")
     parser.add_argument("--seeds", type=int, help="number of seeds (overrides the suite)")
-    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--first-seed", type=int, help="first seed (default: the suite's, 0 for --envs)")
     parser.add_argument("--eval-freq", type=int, help="evaluate every this many env steps (overrides the suite)")
     parser.add_argument("--eval-episodes", type=int, default=10)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="parallel processes (default: core count)")

@@ -59,7 +59,7 @@ import numpy as np
 from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmark import ALGOS, SUITES, git_output
+from benchmark import ALGOS, CANDIDATE, SHIPPED, SUITES, git_output
 
 from sb3_ppo_ext.hyperparams import PPO_EXT_YML
 
@@ -83,6 +83,8 @@ DASH = "\u2013"  # an en dash: ranges of steps and seeds (0-300k, seeds 0-15 wit
 DATA_FOLDERS = {"issue": "docs/benchmarks/data", "mujoco-1m": "docs/benchmarks/data-1m"}
 # Suites judged by the mujoco-1m goal instead of issue 5's targets.
 GOAL_1M_SUITES = ("mujoco-1m",)
+# Suites that validate a candidate entry against the shipped one (judged by validation_section).
+VALIDATION_SUITES = ("tuned-1m",)
 # Returns that mean "has learned the task": for Pendulum (no official threshold) a common choice,
 # LunarLander's official one. Hopper's 1000 turned out to be the level of the alive bonus (about 1 per step for 1000
 # steps), which a policy reaches by balancing in place: read it as "stays up", not as locomotion. HalfCheetah's is provisional.
@@ -427,15 +429,15 @@ def summarize(algo: str, runs: list[Run], threshold: float | None) -> Summary:
 
 
 def improvements(summaries: list[Summary]) -> dict[tuple[str, str], tuple[float, tuple[float, float]]]:
-    """Probability of improvement (and CI) of each PPOExt variant over each baseline that ran, by ``(variant, baseline)``."""
+    """
+    Probability of improvement (and CI) of each PPOExt variant over each baseline that ran, and of a
+    candidate entry over the shipped entry when both ran, by ``(variant, baseline)``.
+    """
     finals = {s.algo: s.finals for s in summaries}
-    return {
-        (algo, baseline): improvement_probability(finals[algo], finals[baseline])
-        for algo in finals
-        if algo not in BASELINES
-        for baseline in BASELINES
-        if baseline in finals
-    }
+    pairs = [(algo, baseline) for algo in finals if algo not in BASELINES for baseline in BASELINES if baseline in finals]
+    if CANDIDATE in finals and SHIPPED in finals:
+        pairs.append((CANDIDATE, SHIPPED))
+    return {(algo, baseline): improvement_probability(finals[algo], finals[baseline]) for algo, baseline in pairs}
 
 
 def curve_band(runs: list[Run]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -697,21 +699,27 @@ def env_table(
 
 
 def improvement_table(summaries: list[Summary], found: dict[tuple[str, str], tuple[float, tuple[float, float]]]) -> list[str]:
-    """Probability of improvement of each PPOExt variant over each baseline that ran on the env."""
-    baselines = [b for b in BASELINES if any(s.algo == b for s in summaries)]
-    variants = [s for s in summaries if s.algo not in BASELINES]
-    if not baselines or not variants:
-        return ["No probability of improvement: it needs a PPOExt variant and `ppo` or `trpo` on this env."]
+    """Probability of improvement of each PPOExt variant over each baseline (or the shipped entry) that ran on the env."""
+    baselines = list(dict.fromkeys(baseline for _, baseline in found))
+    variants = [s.algo for s in summaries if any(algo == s.algo for algo, _ in found)]
+    if not found:
+        return [
+            "No probability of improvement: it needs a PPOExt variant and `ppo` or `trpo`, "
+            f"or `{CANDIDATE}` and `{SHIPPED}`, on this env."
+        ]
     lines = [
         "| algorithm X | " + " | ".join(f"P(X > `{b}`) | 95 % CI" for b in baselines) + " |",
         "|---|" + "---|---|" * len(baselines),
     ]
-    for s in variants:
+    for algo in variants:
         cells = []
         for baseline in baselines:
-            p, (low, high) = found[s.algo, baseline]
+            if (algo, baseline) not in found:
+                cells.append("— | —")
+                continue
+            p, (low, high) = found[algo, baseline]
             cells.append(f"{p:.2f} | [{low:.2f}, {high:.2f}]")
-        lines.append(f"| `{s.algo}` | " + " | ".join(cells) + " |")
+        lines.append(f"| `{algo}` | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -904,6 +912,43 @@ def targets_1m_section(
     else:
         goal = "not measured yet"
     lines.append(f"| the goal: both targets above, on both envs | {', '.join(envs)} | {goal} | — |")
+    return lines
+
+
+def validation_section(
+    suite: str,
+    summaries: dict[str, list[Summary]],
+    found: dict[str, dict[tuple[str, str], tuple[float, tuple[float, float]]]],
+    complete: dict[str, bool],
+) -> list[str]:
+    """
+    The verdict on a candidate entry, env by env: it **wins** (ship it) when its runs are complete,
+    its IQM is above the shipped entry's and its probability of improvement over the shipped entry
+    has a 95 % CI above 0.5; it does not win otherwise; incomplete runs are not judged yet.
+
+    :param found: by env, the probabilities of improvement of :func:`improvements`
+    :param complete: by env, whether its runs cover the suite's budget
+    """
+    target = f"`{CANDIDATE}` IQM > `{SHIPPED}`'s and P(`{CANDIDATE}` > `{SHIPPED}`) with its 95 % CI above 0.5"
+    lines = ["| target | env | status | measured |", "|---|---|---|---|"]
+    for budget in SUITES[suite]:
+        by_algo = {s.algo: s for s in summaries.get(budget.env, [])}
+        if CANDIDATE not in by_algo or SHIPPED not in by_algo:
+            lines.append(f"| {target} | {budget.env} | not measured yet | — |")
+            continue
+        candidate, shipped = by_algo[CANDIDATE], by_algo[SHIPPED]
+        p, (low, high) = found[budget.env][CANDIDATE, SHIPPED]
+        wins = candidate.iqm > shipped.iqm and low > 0.5
+        measured = (
+            f"IQM {candidate.iqm:.1f} [{candidate.ci[0]:.1f}, {candidate.ci[1]:.1f}] vs {shipped.iqm:.1f} "
+            f"[{shipped.ci[0]:.1f}, {shipped.ci[1]:.1f}] ({candidate.iqm - shipped.iqm:+.1f}); "
+            f"P = {p:.2f} [{low:.2f}, {high:.2f}]"
+        )
+        if complete[budget.env]:
+            status = "**wins**: ship it" if wins else "does not win: keep the shipped entry"
+        else:
+            status = f"not judged yet (runs incomplete; so far it {'wins' if wins else 'does not win'})"
+        lines.append(f"| {target} | {budget.env} | {status} | {measured} |")
     return lines
 
 
@@ -1168,6 +1213,8 @@ def _reproduce_section() -> list[str]:
         "python scripts/benchmark.py --suite issue --workers $(nproc)   # resumable: finished runs are skipped",
         "# resumable in segments, on one machine or several (--stop-after MINUTES, --machine LABEL):",
         "python scripts/benchmark.py --suite mujoco-1m --out docs/benchmarks/data-1m --workers $(nproc)",
+        "# a tuned entry on fresh seeds, beside the shipped one (the candidate: docs/benchmarks/study/candidates.yml):",
+        "python scripts/benchmark.py --suite tuned-1m --out docs/benchmarks/data-tuned-1m --workers $(nproc)",
         "python scripts/throughput.py --env LunarLanderContinuous-v3 --n-envs 16 --n-steps 1024 --n-epochs 4 \\",
         "    --steps 16384 --repeats 12 --json docs/benchmarks/throughput.json",
         "python scripts/throughput.py --env MountainCarContinuous-v0 --n-envs 1 --n-steps 8 --batch-size 8 \\",
@@ -1240,9 +1287,11 @@ def build_report(
         "",
     ]
     for suite in suites:
+        complete = {b.env: budget_complete(b, suite.runs.get(b.env, {})) for b in SUITES[suite.name]}
         if suite.name in GOAL_1M_SUITES:
-            complete = {b.env: budget_complete(b, suite.runs.get(b.env, {})) for b in SUITES[suite.name]}
             table = targets_1m_section(suite.name, summaries[suite.name], found[suite.name], complete)
+        elif suite.name in VALIDATION_SUITES:
+            table = validation_section(suite.name, summaries[suite.name], found[suite.name], complete)
         else:
             table = targets_section(suite.name, summaries[suite.name], ratios, identical_to_stock(suite.runs))
         lines += [f"### Suite `{suite.name}`", "", *table, ""]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import importlib.util
 import json
 import os
@@ -176,6 +177,92 @@ def test_mujoco_1m_suite_runs_the_issues_algorithms_on_the_same_seeds():
     # --algos narrows a suite; an env keeps its own limit.
     narrowed = benchmark.build_matrix(benchmark.parse_args(["--suite", "mujoco-1m", "--algos", "ppo_ext_kl"]))
     assert {(spec.env, spec.algo) for spec in narrowed} == {("Hopper-v5", "ppo_ext_kl")}
+
+
+def _candidate_file(path: Path, **changes) -> Path:
+    """A candidate yml as zoo_study.py best writes it: the shipped Hopper-v5 entry with ``changes``."""
+    from sb3_ppo_ext.hyperparams import load_hyperparams
+
+    path.write_text(
+        "# Tuned: a test candidate\n"
+        + yaml.safe_dump({"Hopper-v5": {**load_hyperparams("Hopper-v5"), **changes}}, sort_keys=False)
+    )
+    return path
+
+
+def test_tuned_suite_runs_the_candidate_beside_the_shipped_entry_on_fresh_seeds(tmp_path):
+    candidate = _candidate_file(tmp_path / "candidates.yml", n_epochs=20, clip_range=0.3)
+    out = str(tmp_path / "results")
+    specs = benchmark.build_matrix(benchmark.parse_args(["--suite", "tuned-1m", "--candidate", str(candidate), "--out", out]))
+    assert {(spec.env, spec.algo) for spec in specs} == {("Hopper-v5", "ppo_ext_clip"), ("Hopper-v5", "ppo_ext_tuned")}
+    # Seeds 100-104 for both: none of them seeded the study's envs; 1M steps, evaluations every 20k.
+    assert sorted(spec.seed for spec in specs if spec.algo == "ppo_ext_tuned") == [100, 101, 102, 103, 104]
+    assert sorted(spec.seed for spec in specs if spec.algo == "ppo_ext_clip") == [100, 101, 102, 103, 104]
+    assert {(spec.steps, spec.eval_freq) for spec in specs} == {(1_000_000, 20_000)}
+    assert {spec.candidate for spec in specs if spec.algo == "ppo_ext_tuned"} == {str(candidate.resolve())}
+    assert {spec.candidate for spec in specs if spec.algo == "ppo_ext_clip"} == {None}
+    tuned = next(spec for spec in specs if spec.algo == "ppo_ext_tuned")
+    shipped = next(spec for spec in specs if spec.algo == "ppo_ext_clip")
+    assert benchmark.expected_hyperparams(tuned) == {
+        **benchmark.expected_hyperparams(shipped),
+        "n_epochs": "20",
+        "clip_range": "0.3",
+    }
+    # A recorded candidate run is stale once the candidate's entry changes: rerun, not mixed.
+    tuned.stem.parent.mkdir(parents=True)
+    tuned.csv_path.write_text(",".join(benchmark.CSV_FIELDS) + "\n")
+    marker = {"budget": tuned.budget(), "hyperparams": benchmark.expected_hyperparams(tuned)}
+    benchmark.write_atomic(tuned.marker_path, json.dumps(marker))
+    fingerprint = benchmark.run_fingerprint(tuned)
+    assert benchmark.is_finished(tuned)
+    _candidate_file(candidate, n_epochs=10, clip_range=0.3)
+    assert not benchmark.is_finished(tuned) and benchmark.run_fingerprint(tuned) != fingerprint
+    # --first-seed still moves the seeds.
+    moved = benchmark.build_matrix(
+        benchmark.parse_args(
+            ["--suite", "tuned-1m", "--candidate", str(candidate), "--out", out, "--first-seed", "7", "--seeds", "1"]
+        )
+    )
+    assert {spec.seed for spec in moved} == {7}
+
+
+def test_candidate_mistakes_fail_before_any_run(tmp_path):
+    def matrix(*argv: str):
+        return benchmark.build_matrix(benchmark.parse_args(list(argv)))
+
+    # No candidate: the variant is left out by default and refused by name.
+    assert "ppo_ext_tuned" not in {spec.algo for spec in matrix("--envs", "Pendulum-v1")}
+    with pytest.raises(SystemExit, match="--algos ppo_ext_tuned needs --candidate FILE"):
+        matrix("--envs", "Pendulum-v1", "--algos", "ppo_ext_tuned")
+    with pytest.raises(SystemExit, match=r"candidate file .*nosuch.yml: cannot read it as yml"):
+        matrix("--suite", "tuned-1m", "--candidate", str(tmp_path / "nosuch.yml"))
+    other = tmp_path / "other.yml"
+    other.write_text("Pendulum-v1:\n  n_envs: 2\n")
+    with pytest.raises(SystemExit, match=r"no entry \(a mapping\) for Hopper-v5; found \['Pendulum-v1'\]"):
+        matrix("--suite", "tuned-1m", "--candidate", str(other))
+    # A candidate no run of the matrix uses is a mistake too, not silently ignored.
+    with pytest.raises(SystemExit, match="is only used by ppo_ext_tuned, which this matrix does not run"):
+        matrix("--suite", "mujoco-1m", "--candidate", str(other))
+
+
+@pytest.mark.integration  # benchmark.py in a subprocess
+def test_candidate_run_trains_with_the_candidate_entry(tmp_path):
+    candidate = tmp_path / "candidate.yml"
+    entry = {"policy": "MlpPolicy", "n_timesteps": 1000, "n_envs": 2, "n_steps": 512, "normalize": False}
+    candidate.write_text("# Tuned: test\n" + yaml.safe_dump({"Pendulum-v1": entry}))
+    out = tmp_path / "results"
+    command = [
+        sys.executable,
+        str(SCRIPTS / "benchmark.py"),
+        *("--envs", "Pendulum-v1", "--algos", "ppo_ext_tuned", "--candidate", str(candidate), "--seeds", "1"),
+        *("--steps", "1024", "--eval-freq", "1024", "--eval-episodes", "1", "--workers", "1", "--out", str(out)),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    marker = json.loads((out / "Pendulum-v1" / "ppo_ext_tuned" / "seed0.done.json").read_text())
+    assert marker["n_envs"] == 2 and marker["normalize"] is False and marker["timesteps"] == 1024
+    assert marker["hyperparams"]["n_steps"] == "512"
+    assert marker["hyperparams_source"] == f"{candidate.resolve()}: Pendulum-v1 (candidate entry)"
 
 
 def test_tanh_variant_changes_only_the_activation():
@@ -721,6 +808,39 @@ def test_mujoco_1m_goal_from_the_numbers():
     # A baseline not run: not measured yet.
     del summaries["Hopper-v5"][1]
     assert "| best PPOExt variant IQM ≥ stock PPO's and ≥ TRPO's | Hopper-v5 | not measured yet | — |" in table()
+
+
+def test_candidate_verdict_from_the_numbers():
+    summaries = {"Hopper-v5": [_summary("ppo_ext_clip", 1000.0), _summary("ppo_ext_tuned", 3000.0)]}
+    found = {"Hopper-v5": {("ppo_ext_tuned", "ppo_ext_clip"): (0.96, (0.8, 1.0))}}
+
+    def table(complete=True):
+        return "\n".join(report.validation_section("tuned-1m", summaries, found, {"Hopper-v5": complete}))
+
+    assert (
+        "| Hopper-v5 | **wins**: ship it | IQM 3000.0 [3000.0, 3000.0] vs 1000.0 [1000.0, 1000.0] (+2000.0); P = 0.96"
+        in table()
+    )
+    assert "| Hopper-v5 | not judged yet (runs incomplete; so far it wins) |" in table(complete=False)
+    found["Hopper-v5"][("ppo_ext_tuned", "ppo_ext_clip")] = (0.8, (0.5, 1.0))  # the CI reaches 0.5
+    assert "| Hopper-v5 | does not win: keep the shipped entry |" in table()
+    found["Hopper-v5"][("ppo_ext_tuned", "ppo_ext_clip")] = (0.96, (0.8, 1.0))
+    summaries["Hopper-v5"][1] = _summary("ppo_ext_tuned", 900.0)  # a lower IQM never wins
+    assert "| Hopper-v5 | does not win: keep the shipped entry |" in table()
+    del summaries["Hopper-v5"][0]
+    assert "| Hopper-v5 | not measured yet | — |" in table()
+
+
+def test_improvements_compare_the_candidate_with_the_shipped_entry(fast_rliable):
+    runs = [_summary("ppo", 900.0), _summary("ppo_ext_clip", 1000.0), _summary("ppo_ext_tuned", 3000.0)]
+    runs = [dataclasses.replace(s, finals=s.finals + np.arange(3)) for s in runs]
+    found = report.improvements(runs)
+    assert set(found) == {("ppo_ext_clip", "ppo"), ("ppo_ext_tuned", "ppo"), ("ppo_ext_tuned", "ppo_ext_clip")}
+    assert found["ppo_ext_tuned", "ppo_ext_clip"][0] == pytest.approx(1.0)
+    table = "\n".join(report.improvement_table(runs, found))
+    assert "| algorithm X | P(X > `ppo`) | 95 % CI | P(X > `ppo_ext_clip`) | 95 % CI |" in table
+    assert "| `ppo_ext_clip` | 1.00 | [1.00, 1.00] | — | — |" in table
+    assert "| `ppo_ext_tuned` | 1.00 | [1.00, 1.00] | 1.00 | [1.00, 1.00] |" in table
 
 
 def test_report_results_and_keep_data_arguments(tmp_path, capsys):
