@@ -70,13 +70,21 @@ def tuned_entry(env_id: str, trial: optuna.trial.FrozenTrial, entry: dict[str, A
     return {**entry, **convert_zoo_params(trial.params)}
 
 
+def _best_and_shipped(
+    trials: list[optuna.trial.FrozenTrial],
+) -> tuple[list[optuna.trial.FrozenTrial], optuna.trial.FrozenTrial | None, optuna.trial.FrozenTrial | None]:
+    """The complete trials, the best of them (None: none complete) and the shipped entry's trial in any state."""
+    complete = [trial for trial in trials if trial.state == optuna.trial.TrialState.COMPLETE]
+    shipped = next((trial for trial in trials if trial.user_attrs.get(SHIPPED_ATTR)), None)
+    return complete, max(complete, key=lambda trial: trial.value, default=None), shipped
+
+
 def describe(study: optuna.Study) -> tuple[optuna.trial.FrozenTrial, optuna.trial.FrozenTrial | None, int]:
     """The best complete trial, the shipped entry's trial (if it completed) and the complete-trial count."""
-    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    if not complete:
+    complete, best, shipped = _best_and_shipped(study.get_trials(deepcopy=False))
+    if best is None:
         raise SystemExit(f"study {study.study_name!r} has no complete trial yet")
-    shipped = [t for t in complete if t.user_attrs.get(SHIPPED_ATTR)]
-    return max(complete, key=lambda t: t.value), (shipped[0] if shipped else None), len(complete)
+    return best, (shipped if shipped in complete else None), len(complete)
 
 
 def entry_yaml(env_id: str, study: optuna.Study, command: str | None) -> str:
@@ -111,16 +119,13 @@ def study_status(study: optuna.Study) -> str:
     counts = {state: sum(trial.state == state for trial in trials) for state in states}
     parts = [f"{counts[state]} {state.name.lower()}" for state in states if counts[state]]
     text = f"study {study.study_name!r}: {len(trials)} trials" + (f" ({', '.join(parts)})" if parts else "")
-    complete = [trial for trial in trials if trial.state == states.COMPLETE]
-    if complete:
-        best = max(complete, key=lambda trial: trial.value)
+    complete, best, shipped = _best_and_shipped(trials)
+    if best is not None:
         lowest = min(trial.value for trial in complete)
         text += f"; best complete trial {best.number}: {best.value:.1f} (complete trials {lowest:.1f} to {best.value:.1f})"
-    shipped = [trial for trial in trials if trial.user_attrs.get(SHIPPED_ATTR)]
-    if shipped:
-        trial = shipped[0]
-        result = f"{trial.value:.1f}" if trial.state == states.COMPLETE else trial.state.name.lower()
-        text += f"; the shipped entry (trial {trial.number}): {result}"
+    if shipped is not None:
+        result = f"{shipped.value:.1f}" if shipped.state == states.COMPLETE else shipped.state.name.lower()
+        text += f"; the shipped entry (trial {shipped.number}): {result}"
     return text
 
 
