@@ -215,9 +215,20 @@ def is_finished(spec: RunSpec) -> bool:
         return False
     if marker.get("budget") != spec.budget():
         return False
-    expected = expected_hyperparams(spec)
     # A run whose yml entry or overrides changed since (e.g. an entry was tuned) is stale.
-    return expected is None or _comparable(marker.get("hyperparams") or {}) == expected
+    return not changed_settings(spec, marker.get("hyperparams") or {})
+
+
+def changed_settings(spec: RunSpec, recorded: dict[str, Any]) -> list[str]:
+    """
+    The settings whose value in ``recorded`` (a done marker's ``hyperparams``) differs from what
+    ``spec`` would run with now, sorted; empty when they agree or cannot be determined up front.
+    """
+    expected = expected_hyperparams(spec)
+    if expected is None:
+        return []
+    recorded = _comparable(recorded)
+    return sorted(key for key in expected.keys() | recorded.keys() if expected.get(key) != recorded.get(key))
 
 
 def _comparable(hyperparams: dict[str, Any]) -> dict[str, str]:

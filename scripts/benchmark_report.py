@@ -29,11 +29,12 @@ figures go to ``docs/benchmarks/figures/<suite>/``: ``<env>.png`` (learning curv
 ``<env>-profile.png`` and ``<env>-improvement.png``. Each suite's inputs are copied to its data folder
 (``--keep-data``; ``docs/benchmarks/data`` for ``issue``, ``docs/benchmarks/data-1m`` for ``mujoco-1m``,
 where ``scripts/benchmark.py --suite mujoco-1m --out docs/benchmarks/data-1m`` writes them in the first
-place), so the committed report can be rebuilt from the committed evidence:
+place; ``docs/benchmarks/data-<suite>`` for the others, such as ``tuned-1m``, the validation of a tuned
+entry), so the committed report can be rebuilt from the committed evidence:
 
     python scripts/benchmark_report.py --results issue=logs/benchmark --results mujoco-1m=docs/benchmarks/data-1m
     python scripts/benchmark_report.py --results issue=docs/benchmarks/data \\
-        --results mujoco-1m=docs/benchmarks/data-1m --keep-data ""
+        --results mujoco-1m=docs/benchmarks/data-1m --results tuned-1m=docs/benchmarks/data-tuned-1m --keep-data ""
 
 (``--results FOLDER`` alone is the suite of ``--suite``, ``issue`` by default; the report's own
 Reproduce section gives the full command, with the throughput files, notes and GPU note.)
@@ -59,7 +60,7 @@ import numpy as np
 from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmark import ALGOS, CANDIDATE, SHIPPED, SUITES, git_output
+from benchmark import ALGOS, CANDIDATE, SHIPPED, SUITE_CANDIDATES, SUITES, RunSpec, changed_settings, git_output
 
 from sb3_ppo_ext.hyperparams import PPO_EXT_YML
 
@@ -977,6 +978,48 @@ def coverage_section(suite: str, runs: dict[str, dict[str, list[Run]]], folder: 
     return lines
 
 
+def earlier_settings_section(suite: str, runs: dict[str, dict[str, list[Run]]]) -> list[str]:
+    """
+    The runs recorded with other settings than the ones ``scripts/benchmark.py`` would train them
+    with now (a yml entry, a variant or the suite's candidate changed after they ran), with the
+    settings that differ; nothing when every run matches.
+    """
+    candidate = SUITE_CANDIDATES.get(suite)
+    found: dict[tuple[str, str, tuple[str, ...]], list[int]] = {}
+    for run in all_runs(runs):
+        if run.algo not in ALGOS:
+            continue
+        budget = run.marker["budget"]
+        spec = RunSpec(
+            run.env,
+            run.algo,
+            run.seed,
+            budget["steps"],
+            budget["eval_freq"],
+            budget["eval_episodes"],
+            str(run.csv_path.parents[2]),
+            candidate=str(REPO / candidate) if run.algo == CANDIDATE and candidate else None,
+        )
+        try:
+            changed = changed_settings(spec, run.marker.get("hyperparams") or {})
+        except ValueError:  # no candidate file to compare with
+            continue
+        if changed:
+            found.setdefault((run.env, run.algo, tuple(changed)), []).append(run.seed)
+    if not found:
+        return []
+    lines = [
+        "Runs recorded with settings that differ from the ones this suite trains now (the entry changed after "
+        "they ran): their numbers are those of the earlier settings, which their markers record, and "
+        "`scripts/benchmark.py` reruns them.",
+        "",
+    ]
+    for (env, algo, keys), seeds in found.items():
+        shown = ", ".join(keys[:10]) + (f" and {len(keys) - 10} more" if len(keys) > 10 else "")
+        lines.append(f"- {env} `{algo}`, seeds {_seed_list(seeds)}: {shown}")
+    return lines
+
+
 def setup_section(runs: dict[str, dict[str, list[Run]]]) -> list[str]:
     lines = [
         "| env | algorithm | description | hyperparameters from | overrides | n_envs | normalize |",
@@ -1163,6 +1206,8 @@ def suite_section(
             "",
         ]
     lines += [f"### What was run (`{suite.name}`)", "", *coverage_section(suite.name, suite.runs, suite.folder), ""]
+    earlier = earlier_settings_section(suite.name, suite.runs)
+    lines += [*earlier, ""] if earlier else []
     title = f" ({suite.name})"
     for env, by_algo in suite.runs.items():
         threshold = THRESHOLDS.get(env)
@@ -1226,10 +1271,11 @@ def _reproduce_section() -> list[str]:
         "# the report (the GPU check's text: docs/benchmarks/gpu/note.md); copies the issue suite's inputs",
         "# to docs/benchmarks/data:",
         "python scripts/benchmark_report.py --results issue=logs/benchmark --results mujoco-1m=docs/benchmarks/data-1m \\",
+        "    --results tuned-1m=docs/benchmarks/data-tuned-1m \\",
         "    --throughput docs/benchmarks/throughput*.json --notes docs/benchmarks/notes.md",
         "# or rebuild this report from the committed inputs alone:",
         "python scripts/benchmark_report.py --results issue=docs/benchmarks/data \\",
-        "    --results mujoco-1m=docs/benchmarks/data-1m --keep-data '' \\",
+        "    --results mujoco-1m=docs/benchmarks/data-1m --results tuned-1m=docs/benchmarks/data-tuned-1m --keep-data '' \\",
         "    --throughput docs/benchmarks/throughput*.json --notes docs/benchmarks/notes.md \\",
         "    --study sqlite:///docs/benchmarks/study/hopper-v5.db ppo_ext-hopper-500k",
         "```",

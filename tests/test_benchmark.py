@@ -810,6 +810,22 @@ def test_mujoco_1m_goal_from_the_numbers():
     assert "| best PPOExt variant IQM ≥ stock PPO's and ≥ TRPO's | Hopper-v5 | not measured yet | — |" in table()
 
 
+def test_report_names_runs_recorded_with_an_earlier_entry(tmp_path):
+    results = tmp_path / "results"
+    spec = benchmark.RunSpec("Pendulum-v1", "ppo_ext_kl", 0, 30_000, 10_000, 10, str(results))
+    current = benchmark.expected_hyperparams(spec)
+    for seed in (0, 1, 2):
+        _write_fixture_run(results, "ppo_ext_kl", seed, [-1000.0, -500.0], fps=1000.0, hyperparams=current)
+    assert report.earlier_settings_section("issue", report.load_runs(results)) == []
+    # Seeds 1 and 2 ran before the entry's learning rate and n_envs changed.
+    earlier = {**current, "learning_rate": "0.01", "n_envs": "8"}
+    for seed in (1, 2):
+        _write_fixture_run(results, "ppo_ext_kl", seed, [-1000.0, -500.0], fps=1000.0, hyperparams=earlier)
+    lines = report.earlier_settings_section("issue", report.load_runs(results))
+    assert lines[-1] == f"- Pendulum-v1 `ppo_ext_kl`, seeds 1{report.DASH}2: learning_rate, n_envs"
+    assert "their numbers are those of the earlier settings" in lines[0]
+
+
 def test_candidate_verdict_from_the_numbers():
     summaries = {"Hopper-v5": [_summary("ppo_ext_clip", 1000.0), _summary("ppo_ext_tuned", 3000.0)]}
     found = {"Hopper-v5": {("ppo_ext_tuned", "ppo_ext_clip"): (0.96, (0.8, 1.0))}}
