@@ -247,11 +247,19 @@ def test_params_from_entry_replay_to_the_entry(env_id):
     continuous = env_id != "LunarLander-v3"
     replayed = convert_zoo_params(params_from_zoo_entry(entry, continuous=continuous))
     for key in SAMPLED_KEYS & set(entry):
+        if isinstance(entry[key], str):  # a schedule, "lin_<initial value>"
+            kind, _, initial = entry[key].partition("_")
+            replayed_kind, _, replayed_initial = replayed[key].partition("_")
+            assert replayed_kind == kind and float(replayed_initial) == pytest.approx(float(initial), rel=1e-12), key
+            continue
         expected = max(entry[key], 1e-8) if key == "ent_coef" else entry[key]
         assert replayed[key] == pytest.approx(expected, rel=1e-12), key
     assert replayed["clip_range"] == entry.get("clip_range", 0.2)
     assert replayed["kl_coef"] == entry.get("kl_coef", 0.0)
-    assert replayed["clip_range_vf"] is None and replayed.get("use_sde", False) == entry.get("use_sde", False)
+    assert replayed.get("target_kl") == entry.get("target_kl")
+    assert replayed["clip_range_vf"] == entry.get("clip_range_vf")
+    assert replayed.get("vf_clip_mode", "clipped") == entry.get("vf_clip_mode", "clipped")
+    assert replayed.get("use_sde", False) == entry.get("use_sde", False)
     if entry.get("use_sde"):
         assert replayed["sde_sample_freq"] == entry["sde_sample_freq"]
     shipped_policy = entry.get("policy_kwargs") or {}
