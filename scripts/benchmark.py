@@ -37,7 +37,7 @@ never blocks a restart. Worker processes exit when the benchmark process that st
     python scripts/benchmark.py --suite pendulum --workers 1
     python scripts/benchmark.py --suite mujoco-1m --out docs/benchmarks/data-1m --machine "local 2-core" --stop-after 120
     python scripts/benchmark.py --envs Pendulum-v1 --algos ppo ppo_ext_clip --seeds 2 --steps 20000
-    python scripts/benchmark.py --suite tuned-1m --out docs/benchmarks/data-tuned   # a tuned entry on fresh seeds
+    python scripts/benchmark.py --suite tuned-1m --out docs/benchmarks/data-tuned-1m   # a tuned entry, fresh seeds
     python scripts/benchmark_report.py   # docs/BENCHMARKS.md from the results
 
 A tuned entry is validated as ``ppo_ext_tuned``: the entry for the env in ``--candidate FILE`` (a
@@ -152,7 +152,7 @@ SUITES: dict[str, list[EnvBudget]] = {
         EnvBudget("Walker2d-v5", 1_000_000, 3, 20_000, MUJOCO_1M_WALKER),
     ],
     # A tuned entry earns its place on fresh seeds: the Hopper-v5 study's best trial against the shipped
-    # entry at 1M steps, on seeds 100-104 (the study's workers seeded their envs with 1-12).
+    # entry at 1M steps, on seeds 100-104 (the study's workers seeded their envs with seeds below 20).
     "tuned-1m": [EnvBudget("Hopper-v5", 1_000_000, 5, 20_000, (SHIPPED, CANDIDATE), first_seed=100)],
 }
 # The candidate file a suite validates, relative to the repository (--candidate replaces it).
