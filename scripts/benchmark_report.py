@@ -953,17 +953,26 @@ def validation_section(
     return lines
 
 
-def budget_complete(budget: Any, by_algo: dict[str, list[Run]]) -> bool:
-    """Whether an env's runs cover its suite budget: every algorithm with its seeds and steps."""
+def budget_complete(budget: Any, by_algo: dict[str, list[Run]], stale: Iterable[tuple[str, str, int]] = ()) -> bool:
+    """
+    Whether an env's runs cover its suite budget: every algorithm with its seeds and steps, not
+    counting the ``stale`` runs (``(env, algo, seed)``: recorded with earlier settings).
+    """
     if not by_algo:
         return False
+    stale = set(stale)
     steps = min(run.marker["budget"]["steps"] for algo_runs in by_algo.values() for run in algo_runs)
-    return steps >= budget.steps and all(len(by_algo.get(algo, [])) >= budget.seeds for algo in (budget.algos or ALGOS))
+    current = {
+        algo: [run for run in algo_runs if (run.env, run.algo, run.seed) not in stale] for algo, algo_runs in by_algo.items()
+    }
+    return steps >= budget.steps and all(len(current.get(algo, [])) >= budget.seeds for algo in (budget.algos or ALGOS))
 
 
 def coverage_section(suite: str, runs: dict[str, dict[str, list[Run]]], folder: Path | None = None) -> list[str]:
     lines = [] if runs else [f"Not run yet: no finished run under `{folder}`.", ""]
     lines += ["| env | required by the suite | run for this report | status |", "|---|---|---|---|"]
+    # A validation suite's shipped-entry runs are the entry shipped when it was judged: not stale for it.
+    stale = {} if suite in VALIDATION_SUITES else earlier_settings(suite, runs)
     for budget in SUITES[suite]:
         algos = budget.algos or tuple(ALGOS)
         required = f"{_budget(budget.steps)} steps x {budget.seeds} seeds: {', '.join(f'`{a}`' for a in algos)}"
@@ -973,19 +982,21 @@ def coverage_section(suite: str, runs: dict[str, dict[str, list[Run]]], folder: 
             continue
         done = ", ".join(f"`{algo}` {len(by_algo.get(algo, []))}" for algo in dict.fromkeys([*algos, *by_algo]))
         steps = min(run.marker["budget"]["steps"] for algo_runs in by_algo.values() for run in algo_runs)
-        status = "complete" if budget_complete(budget, by_algo) else "**partial**"
+        status = "complete" if budget_complete(budget, by_algo, stale) else "**partial**"
+        stale_here = sum(env == budget.env for env, _, _ in stale)
+        status += f" ({stale_here} runs with earlier settings)" if stale_here else ""
         lines.append(f"| {budget.env} | {required} | {_budget(steps)} steps; seeds per algorithm: {done} | {status} |")
     return lines
 
 
-def earlier_settings_section(suite: str, runs: dict[str, dict[str, list[Run]]]) -> list[str]:
+def earlier_settings(suite: str, runs: dict[str, dict[str, list[Run]]]) -> dict[tuple[str, str, int], list[str]]:
     """
     The runs recorded with other settings than the ones ``scripts/benchmark.py`` would train them
-    with now (a yml entry, a variant or the suite's candidate changed after they ran), with the
-    settings that differ; nothing when every run matches.
+    with now (a yml entry, a variant or the suite's candidate changed after they ran), by
+    ``(env, algo, seed)``, with the settings that differ.
     """
     candidate = SUITE_CANDIDATES.get(suite)
-    found: dict[tuple[str, str, tuple[str, ...]], list[int]] = {}
+    found: dict[tuple[str, str, int], list[str]] = {}
     for run in all_runs(runs):
         if run.algo not in ALGOS:
             continue
@@ -1005,15 +1016,29 @@ def earlier_settings_section(suite: str, runs: dict[str, dict[str, list[Run]]]) 
         except ValueError:  # no candidate file to compare with
             continue
         if changed:
-            found.setdefault((run.env, run.algo, tuple(changed)), []).append(run.seed)
+            found[run.env, run.algo, run.seed] = changed
+    return found
+
+
+def earlier_settings_section(suite: str, runs: dict[str, dict[str, list[Run]]]) -> list[str]:
+    """:func:`earlier_settings` as a paragraph and a list (seeds grouped); nothing when every run matches."""
+    found: dict[tuple[str, str, tuple[str, ...]], list[int]] = {}
+    for (env, algo, seed), changed in earlier_settings(suite, runs).items():
+        found.setdefault((env, algo, tuple(changed)), []).append(seed)
     if not found:
         return []
-    lines = [
-        "Runs recorded with settings that differ from the ones this suite trains now (the entry changed after "
-        "they ran): their numbers are those of the earlier settings, which their markers record, and "
-        "`scripts/benchmark.py` reruns them.",
-        "",
-    ]
+    if suite in VALIDATION_SUITES:
+        intro = (
+            "Runs recorded with settings that differ from the shipped entry's now: the entry that was shipped when "
+            f"`{CANDIDATE}` was judged against it (a candidate that won has replaced it since); their markers record it."
+        )
+    else:
+        intro = (
+            "Runs recorded with settings that differ from the ones this suite trains now (the entry changed after "
+            "they ran): their numbers are those of the earlier settings, which their markers record, and "
+            "`scripts/benchmark.py` reruns them."
+        )
+    lines = [intro, ""]
     for (env, algo, keys), seeds in found.items():
         shown = ", ".join(keys[:10]) + (f" and {len(keys) - 10} more" if len(keys) > 10 else "")
         lines.append(f"- {env} `{algo}`, seeds {_seed_list(seeds)}: {shown}")
@@ -1333,7 +1358,8 @@ def build_report(
         "",
     ]
     for suite in suites:
-        complete = {b.env: budget_complete(b, suite.runs.get(b.env, {})) for b in SUITES[suite.name]}
+        stale = {} if suite.name in VALIDATION_SUITES else earlier_settings(suite.name, suite.runs)
+        complete = {b.env: budget_complete(b, suite.runs.get(b.env, {}), stale) for b in SUITES[suite.name]}
         if suite.name in GOAL_1M_SUITES:
             table = targets_1m_section(suite.name, summaries[suite.name], found[suite.name], complete)
         elif suite.name in VALIDATION_SUITES:

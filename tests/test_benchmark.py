@@ -482,7 +482,7 @@ def test_report_builds_markdown_figures_and_targets(fixture_results, tmp_path, f
     assert "| PPOExt, squash on (all diagnostics on) | **missed** | 0.890 (ratio of medians, -0.060)" in text
     assert (
         "| Pendulum-v1 | 100k steps x 5 seeds: `ppo`, `ppo_ext_clip`, `ppo_ext_kl`, `ppo_ext_gauss` | 30k steps; seeds "
-        "per algorithm: `ppo` 5, `ppo_ext_clip` 5, `ppo_ext_kl` 0, `ppo_ext_gauss` 0 | **partial** |"
+        "per algorithm: `ppo` 5, `ppo_ext_clip` 5, `ppo_ext_kl` 0, `ppo_ext_gauss` 0 | **partial**"
     ) in text
     assert (
         "| LunarLanderContinuous-v3 | 300k steps x 3 seeds: `ppo`, `ppo_ext_clip`, `ppo_ext_kl`, `ppo_ext_gauss` | — |" in text
@@ -734,7 +734,7 @@ def test_report_covers_several_suites_segments_and_mixed_machines(fixture_result
         assert f"![{env} learning curves ({suite})](figures/{suite}/{env}.png)" in text
     assert (
         "| Hopper-v5 | 1M steps x 5 seeds: `ppo`, `trpo`, `ppo_ext_clip`, `ppo_ext_kl`, `ppo_ext_tanh` | 30k steps; seeds "
-        "per algorithm: `ppo` 2, `trpo` 2, `ppo_ext_clip` 3, `ppo_ext_kl` 1, `ppo_ext_tanh` 0 | **partial** |"
+        "per algorithm: `ppo` 2, `trpo` 2, `ppo_ext_clip` 3, `ppo_ext_kl` 1, `ppo_ext_tanh` 0 | **partial**"
     ) in text
     # Probability of improvement over both baselines, by hand: ppo_ext_clip's 2500, 2600, 2700 are above every run of both.
     clip = [2500.0, 2600.0, 2700.0]
@@ -824,6 +824,14 @@ def test_report_names_runs_recorded_with_an_earlier_entry(tmp_path):
     lines = report.earlier_settings_section("issue", report.load_runs(results))
     assert lines[-1] == f"- Pendulum-v1 `ppo_ext_kl`, seeds 1{report.DASH}2: learning_rate, n_envs"
     assert "their numbers are those of the earlier settings" in lines[0]
+    # Stale runs do not count toward a complete budget.
+    budget = benchmark.EnvBudget("Pendulum-v1", 30_000, 3, 10_000, ("ppo_ext_kl",))
+    runs = report.load_runs(results)
+    stale = report.earlier_settings("issue", runs)
+    assert set(stale) == {("Pendulum-v1", "ppo_ext_kl", 1), ("Pendulum-v1", "ppo_ext_kl", 2)}
+    assert report.budget_complete(budget, runs["Pendulum-v1"]) and not report.budget_complete(
+        budget, runs["Pendulum-v1"], stale
+    )
 
 
 def test_candidate_verdict_from_the_numbers():
