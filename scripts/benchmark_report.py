@@ -971,8 +971,7 @@ def budget_complete(budget: Any, by_algo: dict[str, list[Run]], stale: Iterable[
 def coverage_section(suite: str, runs: dict[str, dict[str, list[Run]]], folder: Path | None = None) -> list[str]:
     lines = [] if runs else [f"Not run yet: no finished run under `{folder}`.", ""]
     lines += ["| env | required by the suite | run for this report | status |", "|---|---|---|---|"]
-    # A validation suite's shipped-entry runs are the entry shipped when it was judged: not stale for it.
-    stale = {} if suite in VALIDATION_SUITES else earlier_settings(suite, runs)
+    stale = uncounted_runs(suite, runs)
     for budget in SUITES[suite]:
         algos = budget.algos or tuple(ALGOS)
         required = f"{_budget(budget.steps)} steps x {budget.seeds} seeds: {', '.join(f'`{a}`' for a in algos)}"
@@ -1018,6 +1017,14 @@ def earlier_settings(suite: str, runs: dict[str, dict[str, list[Run]]]) -> dict[
         if changed:
             found[run.env, run.algo, run.seed] = changed
     return found
+
+
+def uncounted_runs(suite: str, runs: dict[str, dict[str, list[Run]]]) -> dict[tuple[str, str, int], list[str]]:
+    """
+    The runs that do not count toward a complete budget: those of :func:`earlier_settings`, except in a
+    validation suite, whose shipped-entry runs are by design the entry shipped when the candidate was judged.
+    """
+    return {} if suite in VALIDATION_SUITES else earlier_settings(suite, runs)
 
 
 def earlier_settings_section(suite: str, runs: dict[str, dict[str, list[Run]]]) -> list[str]:
@@ -1358,7 +1365,7 @@ def build_report(
         "",
     ]
     for suite in suites:
-        stale = {} if suite.name in VALIDATION_SUITES else earlier_settings(suite.name, suite.runs)
+        stale = uncounted_runs(suite.name, suite.runs)
         complete = {b.env: budget_complete(b, suite.runs.get(b.env, {}), stale) for b in SUITES[suite.name]}
         if suite.name in GOAL_1M_SUITES:
             table = targets_1m_section(suite.name, summaries[suite.name], found[suite.name], complete)
