@@ -96,7 +96,7 @@ ALGOS: dict[str, tuple[str, dict[str, Any], str]] = {
     "ppo_ext_gauss": (
         "ppo_ext",
         {"policy_kwargs": {"squash_output": False}},
-        "PPOExt, Gaussian head + clip (policy_kwargs.squash_output: False)",
+        "PPOExt, Gaussian head + clip (policy_kwargs.squash_output: False, without the squashed head's own settings)",
     ),
     "ppo_ext_tanh": (
         "ppo_ext",
@@ -109,6 +109,9 @@ ALGOS: dict[str, tuple[str, dict[str, Any], str]] = {
         "PPOExt, a candidate entry (--candidate FILE: a tuning study's best trial) instead of the shipped one",
     ),
 }
+# Settings of the squashed head alone, left out when a variant turns the head off (a tuned entry
+# may set them; PPOExt raises for them on a Gaussian head, whose entropy has a closed form).
+SQUASHED_HEAD_ONLY = ("entropy_estimator",)
 # Algorithms whose settings come from rl-zoo3's own yml files (the rest from the shipped ppo_ext.yml).
 ZOO_OWN = ("ppo", "trpo")
 # A candidate entry (a yml of entries by env id, as `scripts/zoo_study.py best` writes them) runs as
@@ -466,7 +469,11 @@ def _zoo_config(zoo_algo: str, env_id: str, folder: str) -> tuple[str | None, st
 
 
 def _zoo_overrides(env_id: str, overrides: dict[str, Any]) -> dict[str, Any]:
-    """The variant's overrides, with ``policy_kwargs`` merged into the shipped entry's own."""
+    """
+    The variant's overrides, with ``policy_kwargs`` merged into the shipped entry's own. A variant
+    that turns the squashed head off also leaves out the entry's settings of that head
+    (:data:`SQUASHED_HEAD_ONLY`), which PPOExt rejects for a Gaussian head.
+    """
     if "policy_kwargs" not in overrides:
         return dict(overrides)
     from sb3_ppo_ext.hyperparams import load_hyperparams
@@ -474,7 +481,10 @@ def _zoo_overrides(env_id: str, overrides: dict[str, Any]) -> dict[str, Any]:
     shipped = load_hyperparams(env_id).get("policy_kwargs") or {}
     if not isinstance(shipped, dict):
         raise ValueError(f"ppo_ext.yml {env_id}: policy_kwargs must be a mapping, got {shipped!r}")
-    return {**overrides, "policy_kwargs": {**shipped, **overrides["policy_kwargs"]}}
+    policy_kwargs = {**shipped, **overrides["policy_kwargs"]}
+    if policy_kwargs.get("squash_output") is False:
+        policy_kwargs = {key: value for key, value in policy_kwargs.items() if key not in SQUASHED_HEAD_ONLY}
+    return {**overrides, "policy_kwargs": policy_kwargs}
 
 
 def _csv_row(row: tuple) -> list:

@@ -273,12 +273,22 @@ def test_tanh_variant_changes_only_the_activation():
     assert merged == {"policy_kwargs": {**shipped, "activation_fn": "tanh"}}
 
 
-def test_gaussian_variant_keeps_the_shipped_policy_kwargs():
+def test_gaussian_variant_keeps_the_shipped_policy_kwargs_but_the_squashed_heads():
+    from sb3_ppo_ext import PPOExt
     from sb3_ppo_ext.hyperparams import load_hyperparams
+    from sb3_ppo_ext.settings import to_algorithm_kwargs
 
+    # The tuned Hopper-v5 entry sets the squashed head's entropy estimator, which a Gaussian head rejects.
     shipped = load_hyperparams("Hopper-v5")["policy_kwargs"]
+    assert "entropy_estimator" in shipped
     merged = benchmark._zoo_overrides("Hopper-v5", benchmark.ALGOS["ppo_ext_gauss"][1])
-    assert merged["policy_kwargs"] == {**shipped, "squash_output": False}
+    without = {key: value for key, value in shipped.items() if key != "entropy_estimator"}
+    assert merged["policy_kwargs"] == {**without, "squash_output": False}
+    # ... and the merged settings build (the entry as it was made the 300k Hopper runs fail at construction).
+    model = PPOExt("MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=64, **to_algorithm_kwargs(merged))
+    assert not model.policy.squash_output
+    with pytest.raises(ValueError, match="entropy_estimator='sample' only applies to the squashed head"):
+        PPOExt("MlpPolicy", "Pendulum-v1", policy_kwargs={**shipped, "squash_output": False})
     assert benchmark._zoo_overrides("Pendulum-v1", benchmark.ALGOS["ppo_ext_gauss"][1]) == {
         "policy_kwargs": {"squash_output": False}
     }
