@@ -284,7 +284,7 @@ def test_gaussian_variant_keeps_the_shipped_policy_kwargs_but_the_squashed_heads
     merged = benchmark._zoo_overrides("Hopper-v5", benchmark.ALGOS["ppo_ext_gauss"][1])
     without = {key: value for key, value in shipped.items() if key != "entropy_estimator"}
     assert merged["policy_kwargs"] == {**without, "squash_output": False}
-    # ... and the merged settings build (the entry as it was made the 300k Hopper runs fail at construction).
+    # ... and the merged settings build (without the drop, the 300k Hopper runs failed at construction).
     model = PPOExt("MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=64, **to_algorithm_kwargs(merged))
     assert not model.policy.squash_output
     with pytest.raises(ValueError, match="entropy_estimator='sample' only applies to the squashed head"):
