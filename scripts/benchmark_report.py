@@ -130,6 +130,19 @@ class SuiteResults:
     folder: Path
     runs: dict[str, dict[str, list[Run]]]
 
+    @functools.cached_property
+    def earlier(self) -> dict[tuple[str, str, int], list[str]]:
+        """:func:`earlier_settings` of these runs, worked out once for the sections that read it."""
+        return earlier_settings(self.name, self.runs)
+
+    @property
+    def uncounted(self) -> dict[tuple[str, str, int], list[str]]:
+        """
+        The runs that do not count toward a complete budget: the :attr:`earlier` ones, except in a validation
+        suite, whose shipped-entry runs are by design the entry shipped when the candidate was judged.
+        """
+        return {} if self.name in VALIDATION_SUITES else self.earlier
+
 
 class BadRunError(ValueError):
     """A finished run's CSV cannot be a benchmark's evaluation record."""
@@ -968,11 +981,11 @@ def budget_complete(budget: Any, by_algo: dict[str, list[Run]], stale: Iterable[
     return steps >= budget.steps and all(len(current.get(algo, [])) >= budget.seeds for algo in (budget.algos or ALGOS))
 
 
-def coverage_section(suite: str, runs: dict[str, dict[str, list[Run]]], folder: Path | None = None) -> list[str]:
-    lines = [] if runs else [f"Not run yet: no finished run under `{folder}`.", ""]
+def coverage_section(suite: SuiteResults) -> list[str]:
+    runs, stale = suite.runs, suite.uncounted
+    lines = [] if runs else [f"Not run yet: no finished run under `{suite.folder}`.", ""]
     lines += ["| env | required by the suite | run for this report | status |", "|---|---|---|---|"]
-    stale = uncounted_runs(suite, runs)
-    for budget in SUITES[suite]:
+    for budget in SUITES[suite.name]:
         algos = budget.algos or tuple(ALGOS)
         required = f"{_budget(budget.steps)} steps x {budget.seeds} seeds: {', '.join(f'`{a}`' for a in algos)}"
         by_algo = runs.get(budget.env, {})
@@ -1019,22 +1032,14 @@ def earlier_settings(suite: str, runs: dict[str, dict[str, list[Run]]]) -> dict[
     return found
 
 
-def uncounted_runs(suite: str, runs: dict[str, dict[str, list[Run]]]) -> dict[tuple[str, str, int], list[str]]:
-    """
-    The runs that do not count toward a complete budget: those of :func:`earlier_settings`, except in a
-    validation suite, whose shipped-entry runs are by design the entry shipped when the candidate was judged.
-    """
-    return {} if suite in VALIDATION_SUITES else earlier_settings(suite, runs)
-
-
-def earlier_settings_section(suite: str, runs: dict[str, dict[str, list[Run]]]) -> list[str]:
-    """:func:`earlier_settings` as a paragraph and a list (seeds grouped); nothing when every run matches."""
+def earlier_settings_section(suite: SuiteResults) -> list[str]:
+    """The suite's :func:`earlier_settings` as a paragraph and a list (seeds grouped); nothing when every run matches."""
     found: dict[tuple[str, str, tuple[str, ...]], list[int]] = {}
-    for (env, algo, seed), changed in earlier_settings(suite, runs).items():
+    for (env, algo, seed), changed in suite.earlier.items():
         found.setdefault((env, algo, tuple(changed)), []).append(seed)
     if not found:
         return []
-    if suite in VALIDATION_SUITES:
+    if suite.name in VALIDATION_SUITES:
         intro = (
             "Runs recorded with settings that differ from the shipped entry's now: the entry that was shipped when "
             f"`{CANDIDATE}` was judged against it (a candidate that won has replaced it since); their markers record it."
@@ -1237,8 +1242,8 @@ def suite_section(
             f"Evaluation: {marker['budget']['eval_episodes']} episodes.",
             "",
         ]
-    lines += [f"### What was run (`{suite.name}`)", "", *coverage_section(suite.name, suite.runs, suite.folder), ""]
-    earlier = earlier_settings_section(suite.name, suite.runs)
+    lines += [f"### What was run (`{suite.name}`)", "", *coverage_section(suite), ""]
+    earlier = earlier_settings_section(suite)
     lines += [*earlier, ""] if earlier else []
     title = f" ({suite.name})"
     for env, by_algo in suite.runs.items():
@@ -1365,8 +1370,7 @@ def build_report(
         "",
     ]
     for suite in suites:
-        stale = uncounted_runs(suite.name, suite.runs)
-        complete = {b.env: budget_complete(b, suite.runs.get(b.env, {}), stale) for b in SUITES[suite.name]}
+        complete = {b.env: budget_complete(b, suite.runs.get(b.env, {}), suite.uncounted) for b in SUITES[suite.name]}
         if suite.name in GOAL_1M_SUITES:
             table = targets_1m_section(suite.name, summaries[suite.name], found[suite.name], complete)
         elif suite.name in VALIDATION_SUITES:

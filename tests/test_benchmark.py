@@ -826,12 +826,12 @@ def test_report_names_runs_recorded_with_an_earlier_entry(tmp_path):
     current = benchmark.expected_hyperparams(spec)
     for seed in (0, 1, 2):
         _write_fixture_run(results, "ppo_ext_kl", seed, [-1000.0, -500.0], fps=1000.0, hyperparams=current)
-    assert report.earlier_settings_section("issue", report.load_runs(results)) == []
+    assert report.earlier_settings_section(report.SuiteResults("issue", results, report.load_runs(results))) == []
     # Seeds 1 and 2 ran before the entry's learning rate and n_envs changed.
     earlier = {**current, "learning_rate": "0.01", "n_envs": "8"}
     for seed in (1, 2):
         _write_fixture_run(results, "ppo_ext_kl", seed, [-1000.0, -500.0], fps=1000.0, hyperparams=earlier)
-    lines = report.earlier_settings_section("issue", report.load_runs(results))
+    lines = report.earlier_settings_section(report.SuiteResults("issue", results, report.load_runs(results)))
     assert lines[-1] == f"- Pendulum-v1 `ppo_ext_kl`, seeds 1{report.DASH}2: learning_rate, n_envs"
     assert "their numbers are those of the earlier settings" in lines[0]
     # Stale runs do not count toward a complete budget.
@@ -842,6 +842,11 @@ def test_report_names_runs_recorded_with_an_earlier_entry(tmp_path):
     assert report.budget_complete(budget, runs["Pendulum-v1"]) and not report.budget_complete(
         budget, runs["Pendulum-v1"], stale
     )
+    # The coverage table counts them per env; a validation suite's shipped-entry runs are exempt.
+    suite = report.SuiteResults("issue", results, runs)
+    assert suite.uncounted == stale
+    assert "**partial** (2 runs with earlier settings) |" in "\n".join(report.coverage_section(suite))
+    assert report.SuiteResults("tuned-1m", results, runs).uncounted == {}
 
 
 def test_candidate_verdict_from_the_numbers():
