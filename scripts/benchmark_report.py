@@ -47,7 +47,6 @@ import contextlib
 import csv
 import dataclasses
 import functools
-import inspect
 import json
 import os
 import shutil
@@ -191,33 +190,12 @@ def load_runs(results: Path) -> dict[str, dict[str, list[Run]]]:
 # --- rliable ------------------------------------------------------------------------------------
 
 
-def _import_arch() -> None:
-    """
-    Import arch, rliable's bootstrap, under pandas 3 too. rliable 1.2 (the newest) needs arch < 8: it
-    hands arch's bootstrap the ``random_state`` argument that arch 8 removed. arch 7 decorates one of
-    its GARCH methods with pandas' private ``deprecate_kwarg(old, new)``, which pandas 3 changed to
-    ``deprecate_kwarg(warning_class, old, new)``, so arch 7 fails at import under pandas 3. For that
-    import only, pandas 3's function gets the warning class arch 7 meant; the bootstrap does not use it.
-    """
-    import pandas.util._decorators as decorators
-
-    original = decorators.deprecate_kwarg
-    if "klass" in inspect.signature(original).parameters:
-        decorators.deprecate_kwarg = functools.partial(original, FutureWarning)
-    try:
-        import arch  # noqa: F401
-    finally:
-        decorators.deprecate_kwarg = original
-
-
 def _rliable() -> tuple[Any, Any, Any]:
     """rliable's ``library``, ``metrics`` and ``plot_utils`` (imported on first use; matplotlib on Agg)."""
     import matplotlib
 
     matplotlib.use("Agg")
-    try:
-        if "arch" not in sys.modules:
-            _import_arch()
+    try:  # rliable's bootstrap, arch 7, needs pandas < 3 (the bench and test extras declare it)
         from rliable import library, metrics, plot_utils
     except ImportError as error:
         raise ImportError(f'the report needs rliable ({error}): pip install -e ".[bench]"') from error

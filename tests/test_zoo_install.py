@@ -272,3 +272,28 @@ def test_ppo_lstm_ext_train_enjoy_continue_optimize(installed_venv: Venv, workdi
     )
     result = check(run(installed_venv, command, workdir))
     assert "lstm_hidden_size" in result.stdout and "critic_memory" in result.stdout
+
+
+def _console_script_commands(venv: Venv, workdir: Path) -> None:
+    """`rl_zoo3 train` (a tiny CartPole run) and `rl_zoo3 plot_train --help` exit 0 with the venv's console script."""
+    train = "rl_zoo3 train --algo ppo_ext --env CartPole-v1 -n 64 --eval-freq -1 --num-threads 1 -params n_envs:1 n_steps:64"
+    check(run(venv, f"{train} batch_size:32", workdir))
+    assert (workdir / "logs" / "ppo_ext" / "CartPole-v1_1" / "CartPole-v1.zip").is_file()
+    assert "usage" in check(run(venv, "rl_zoo3 plot_train --help", workdir)).stdout
+
+
+def test_console_script_with_the_test_extra(workdir: Path):
+    """The venv running these tests has the `test` extra (rliable, hence arch): its `rl_zoo3` console script works.
+
+    rl-zoo3's plotting imports rliable, whose arch 7 failed at import under pandas 3; the extra bounds pandas.
+    """
+    venv = Venv.at(Path(sys.prefix))
+    assert (venv.bin / "rl_zoo3").is_file(), f"run the tests in the venv of the README's test command (no {venv.bin}/rl_zoo3)"
+    assert run(venv, "python -c 'import rliable'", workdir).returncode == 0, "the test extra is not installed"
+    _console_script_commands(venv, workdir)
+
+
+def test_console_script_with_the_bench_extra(tmp_path_factory: pytest.TempPathFactory, workdir: Path):
+    """A fresh venv with `pip install ".[bench]"` (rliable, Box2D, MuJoCo): its `rl_zoo3` console script works."""
+    venv = build_venv(tmp_path_factory.mktemp("bench") / "venv", "[bench]")
+    _console_script_commands(venv, workdir)
