@@ -4,8 +4,11 @@
   over the target only once it is complete and on disk (``os.replace``), so an interrupted save
   never replaces the previous good file with a broken one. Otherwise it behaves like a plain
   ``open(path, "wb")``: it writes through a symlink, keeps the file's mode, works for names up to
-  the file-name limit and for concurrent writers. Temporary files left by killed processes are
-  removed by the next save into the same folder. :meth:`sb3_ppo_ext.PPOExt.save` uses it.
+  the file-name limit and for concurrent writers; in a sticky world-writable folder (``/tmp``) it
+  refuses another user's link or file, as the kernel's ``protected_symlinks`` / ``protected_regular``
+  rules make ``open()`` do. Temporary files left by killed processes are removed by the next save
+  into the same folder; a temporary file is locked while it is written, so a save in progress is
+  never taken for a dead one (not even from another PID namespace). :meth:`sb3_ppo_ext.PPOExt.save` uses it.
 - :class:`AtomicCheckpointCallback` is SB3's ``CheckpointCallback`` with atomic saves of the model
   (any SB3 algorithm) and of the ``VecNormalize`` statistics, the statistics first, so that every
   model checkpoint on disk has its statistics next to it. It never writes a checkpoint whose
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import io
 import json
@@ -123,11 +127,14 @@ def _listed(names: list[str], limit: int = 4) -> str:
 
 # Temporary files: ``.sb3_ppo_ext-tmp-<host>-<pid>-<thread>-<random>``. Short (a target name near
 # the 255-byte limit still works), hidden, matching no ``*.zip`` / ``*.pkl`` pattern, and unique
-# per call. The host (a hash of the host name) and pid let a later save tell a temporary file of
-# a dead process on this machine from one being written right now.
+# per call. The host (a hash of the host name) and pid are a first sieve for a later save's
+# clean-up; what proves a file stale is its lock: the writer holds an exclusive ``flock`` on it
+# from its creation until it has been renamed (or removed), so a file whose lock can be taken has
+# no writer, in any process, PID namespace or container sharing the folder.
 TEMPORARY_PREFIX = ".sb3_ppo_ext-tmp-"
 _HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 _TEMPORARY_NAME = re.compile(rf"{re.escape(TEMPORARY_PREFIX)}(?P<host>[0-9a-f]{{8}})-(?P<pid>\d+)-\d+-[0-9a-f]+")
+_MAX_SYMLINKS = 40  # as the kernel's ELOOP limit
 
 
 def temporary_name() -> str:
@@ -145,13 +152,59 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
+def _hold_lock(fd: int, blocking: bool) -> int | None:
+    """
+    Take an exclusive ``flock`` on the open file ``fd`` through a duplicate descriptor, which keeps
+    the lock until it is closed (closing ``fd`` alone does not release it).
+
+    :return: the duplicate descriptor, or None where the lock is held by another open file
+        (``blocking=False``) or the file system or platform has no ``flock``
+    """
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        return None
+    lock = os.dup(fd)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except OSError:  # BlockingIOError: a writer holds it; ENOLCK, EOPNOTSUPP, EBADF (NFS): cannot tell
+        os.close(lock)
+        return None
+    return lock
+
+
+def _remove_if_unlocked(path: str) -> bool:
+    """Remove the temporary file ``path`` if no writer holds its lock (taken, and kept while removing); True if removed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:  # gone, unreadable (another user's file), or a link planted since the scan
+        return False
+    try:
+        lock = _hold_lock(fd, blocking=False)
+        if lock is None:
+            return False
+        try:
+            os.unlink(path)  # under the lock: a writer that created the file but has not locked it yet sees it gone
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(lock)
+    finally:
+        os.close(fd)
+
+
 def remove_stale_temporary_files(folder: str | os.PathLike[str]) -> list[Path]:
     """
     Remove the temporary files that :func:`atomic_path` calls killed on this machine left in ``folder``.
 
-    Only regular files named like :func:`temporary_name`, written on this host (by its name), by a
-    process that is no longer alive, are removed; a save in progress (in any process) is left
-    alone, and so is every other file. Does nothing except on POSIX systems.
+    Only provably stale files are removed: regular files named like :func:`temporary_name`,
+    written on this host (by its name), by a process that is no longer alive (in this PID
+    namespace), and whose lock no process holds. Every writer holds its temporary file's lock
+    until the file is renamed, so a save in progress is left alone even when its pid means nothing
+    here (another container or PID namespace on this host sharing the folder), and so is every
+    other file, and every file whose lock cannot be tested (a file system without ``flock``).
+    Does nothing except on POSIX systems.
 
     :param folder: the folder to clean
     :return: the files removed
@@ -164,10 +217,7 @@ def remove_stale_temporary_files(folder: str | os.PathLike[str]) -> list[Path]:
             match = _TEMPORARY_NAME.fullmatch(entry.name)
             if match is None or match["host"] != _HOST or not entry.is_file(follow_symlinks=False):
                 continue
-            if _process_alive(int(match["pid"])):
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(entry.path)
+            if not _process_alive(int(match["pid"])) and _remove_if_unlocked(entry.path):
                 removed.append(Path(entry.path))
     return removed
 
@@ -181,19 +231,96 @@ def _fsync_directory(directory: Path) -> None:
             os.close(fd)
 
 
-def _open_temporary(temporary: Path, like: os.stat_result | None) -> io.BufferedWriter:
-    """Create ``temporary`` for writing, with the mode ``open()`` gives the target (the existing one, else the umask's)."""
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    try:
-        if like is not None and hasattr(os, "fchmod"):
-            os.fchmod(fd, stat.S_IMODE(like.st_mode))
-            if (like.st_uid, like.st_gid) != (os.getuid(), os.getgid()):
-                with contextlib.suppress(OSError):  # only root may give a file away; a group we are in is fine
-                    os.fchown(fd, like.st_uid, like.st_gid)
-        return os.fdopen(fd, "wb")
-    except BaseException:
-        os.close(fd)
-        raise
+def _shared_folder(folder: os.stat_result) -> bool:
+    """A sticky world-writable folder (``/tmp``): every local user may create links and files in it."""
+    return bool(folder.st_mode & stat.S_ISVTX) and bool(folder.st_mode & stat.S_IWOTH)
+
+
+def _refuse_in_shared_folder(what: str, path: Path, owner: int, folder: Path, rule: str) -> PermissionError:
+    return PermissionError(
+        errno.EACCES,
+        f"refusing to save through {what} {path}: it belongs to uid {owner}, neither this user ({os.geteuid()}) nor the "
+        f"owner of the sticky world-writable folder {folder}, so another local user may have planted it "
+        f"(open() refuses it as well where the kernel's {rule} is on); remove it or save to another folder",
+        str(path),
+    )
+
+
+def _resolve_for_writing(path: str | os.PathLike[str]) -> Path:
+    """
+    ``os.path.realpath(path)``, the file that ``open(path, "wb")`` writes, resolved one link at a
+    time so that, as Linux's ``fs.protected_symlinks`` does, a symlink lying in a sticky
+    world-writable folder is followed only if this user or the folder's owner owns it.
+
+    :raises PermissionError: such a link belongs to another user
+    :raises OSError: ``ELOOP``, too many levels of links
+    """
+    if os.name != "posix":
+        return Path(os.path.realpath(path))
+    remaining = [part for part in reversed(os.path.join(os.getcwd(), os.fspath(path)).split("/")) if part]
+    resolved, followed = Path("/"), 0
+    while remaining:
+        part = remaining.pop()
+        if part in (".", ".."):
+            resolved = resolved.parent if part == ".." else resolved
+            continue
+        candidate = resolved / part
+        try:
+            link = os.lstat(candidate)
+        except OSError:  # not there (yet): the rest is created as named
+            link = None
+        if link is None or not stat.S_ISLNK(link.st_mode):
+            resolved = candidate
+            continue
+        followed += 1
+        if followed > _MAX_SYMLINKS:
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), os.fspath(path))
+        folder = os.stat(resolved)
+        if _shared_folder(folder) and link.st_uid not in (os.geteuid(), folder.st_uid):
+            raise _refuse_in_shared_folder("the symlink", candidate, link.st_uid, resolved, "fs.protected_symlinks")
+        destination = os.readlink(candidate)
+        if destination.startswith("/"):
+            resolved = Path("/")
+        remaining.extend(part for part in reversed(destination.split("/")) if part)
+    return resolved
+
+
+def _create_temporary(
+    folder: Path, like: os.stat_result | None, give_away: bool
+) -> tuple[Path, io.BufferedWriter, int | None]:
+    """
+    Create a temporary file in ``folder`` for writing, with the mode ``open()`` gives the target (the
+    existing one's, else the umask's) and, with ``give_away``, the existing one's owner where allowed.
+
+    :return: the file's path, the file object, and the descriptor holding the file's lock (None
+        where ``flock`` is not available): close it only once the file has been renamed or removed
+    """
+    while True:
+        temporary = folder / temporary_name()
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0) | getattr(os, "O_NOFOLLOW", 0)
+        fd = os.open(temporary, flags, 0o666)
+        lock = None
+        try:
+            lock = _hold_lock(fd, blocking=True)
+            if lock is not None and os.fstat(fd).st_nlink == 0:
+                # Removed between its creation and the lock by a clean-up that could not tell our pid
+                # (another PID namespace): start again under a new name.
+                os.close(lock)
+                os.close(fd)
+                continue
+            if like is not None and hasattr(os, "fchmod"):
+                os.fchmod(fd, stat.S_IMODE(like.st_mode))
+                if give_away and (like.st_uid, like.st_gid) != (os.getuid(), os.getgid()):
+                    with contextlib.suppress(OSError):  # only root may give a file away; a group we are in is fine
+                        os.fchown(fd, like.st_uid, like.st_gid)
+            return temporary, os.fdopen(fd, "wb"), lock
+        except BaseException:
+            if lock is not None:
+                os.close(lock)
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+            raise
 
 
 @contextlib.contextmanager
@@ -207,23 +334,37 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[io.BufferedWriter]:
     the link stays); an existing file keeps its mode (and, where allowed, its owner and group); a
     new file gets the mode the umask gives. Each call has its own temporary file, so concurrent
     saves to one path never mix: the last to finish wins, complete. Before writing, temporary
-    files of dead processes in the folder are removed (:func:`remove_stale_temporary_files`).
+    files of dead processes in the folder are removed (:func:`remove_stale_temporary_files`); the
+    temporary file is locked (``flock``) until it has been renamed, so that clean-up never takes
+    it for a dead one.
     If the block raises, the temporary file is removed and ``path`` is untouched; if the process
     is killed, ``path`` is untouched and the temporary file waits for the next save to remove it.
 
+    In a sticky world-writable folder (``/tmp``), where any local user may plant a link or a file,
+    the save follows the rules that Linux's ``fs.protected_symlinks`` / ``fs.protected_regular``
+    apply to ``open()``: a symlink there, or an existing file there, owned by neither this user
+    nor the folder's owner is refused with a ``PermissionError`` (never followed, never replaced),
+    and the new file there is this user's (never given to the old file's owner).
+
     :param path: the final file (its folder is created if needed)
     :return: a binary file object open for writing
+    :raises PermissionError: ``path`` is (or goes through) another user's link or file in a sticky
+        world-writable folder
     """
-    target = Path(os.path.realpath(path))  # through symlinks, like open()
+    target = _resolve_for_writing(path)  # through symlinks, like open()
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporary_files(target.parent)
+    folder = os.stat(target.parent)
+    shared = os.name == "posix" and _shared_folder(folder)
     try:
         existing: os.stat_result | None = os.stat(target)
     except FileNotFoundError:
         existing = None
-    temporary = target.with_name(temporary_name())
+    if shared and existing is not None and existing.st_uid not in (os.geteuid(), folder.st_uid):
+        raise _refuse_in_shared_folder("the file", target, existing.st_uid, target.parent, "fs.protected_regular")
+    temporary, file, lock = _create_temporary(target.parent, existing, give_away=not shared)
     try:
-        with _open_temporary(temporary, existing) as file:
+        with file:
             yield file
             file.flush()
             os.fsync(file.fileno())
@@ -232,6 +373,9 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[io.BufferedWriter]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         raise
+    finally:
+        if lock is not None:
+            os.close(lock)
     _fsync_directory(target.parent)
 
 

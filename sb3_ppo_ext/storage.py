@@ -7,6 +7,7 @@ Importing this module does not import optuna; :func:`make_storage` does.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -21,8 +22,55 @@ class StorageError(RuntimeError):
     """An Optuna storage could not be opened; the message names the (password-masked) URL and the reason."""
 
 
+def _url_secrets(url: str) -> tuple[str, list[str]]:
+    """
+    ``url`` with every password masked (``***``), and the password texts themselves (to scrub them from messages).
+
+    The password of the user information (``user:password@``, ``:password@``) and of a
+    ``password=`` query parameter is masked. A raw ``@`` in a password (it should be written
+    ``%40``) is read as part of it: the user information ends at the *last* ``@``, so no part of
+    the password is shown, although SQLAlchemy would split at the first one and take the rest
+    (the password's tail) for the host name.
+    """
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        return url, []
+    secrets: list[str] = []
+    at = rest.rfind("@")
+    userinfo = rest[:at] if at >= 0 else ""
+    user, colon, password = userinfo.partition(":")
+    if colon and not re.search(r"[/?]", user):  # a user name holds no "/" or "?": else the "@" is past the host
+        secrets.append(password)
+        rest = f"{user}:***{rest[at:]}"
+
+    def masked_query(match: re.Match[str]) -> str:
+        secrets.append(match.group(2))
+        return f"{match.group(1)}***"
+
+    rest = re.sub(r"([?&]password=)([^&]*)", masked_query, rest)
+    return f"{scheme}://{rest}", [secret for secret in secrets if secret]
+
+
 def _mask_password(url: str) -> str:
-    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
+    """``url`` with every form of password masked: ``user:pw@``, ``:pw@``, ``?password=pw``, a raw ``@`` in ``pw``."""
+    return _url_secrets(url)[0]
+
+
+def _error_message(url: str, reason: str) -> str:
+    """The :class:`StorageError` text for ``url`` and the driver's ``reason``, with no part of a password in either."""
+    masked, secrets = _url_secrets(url)
+    for secret in sorted(secrets, key=len, reverse=True):
+        reason = reason.replace(secret, "***")
+    if any("@" in secret for secret in secrets):
+        # SQLAlchemy split at the first "@" and took "<password tail>@<host>" for the host: the driver may print it.
+        with contextlib.suppress(Exception):
+            from sqlalchemy.engine import make_url
+
+            host = make_url(url).host
+            if host and "@" in host:
+                reason = reason.replace(host, "***@" + host.rpartition("@")[2])
+        reason += " (an '@' in the password must be written %40 in the URL)"
+    return f"cannot open Optuna storage {masked}: {reason}"
 
 
 def _open_rdb_storage(url: str, engine_kwargs: dict[str, Any], heartbeat: dict[str, Any], attempts: int = 3) -> Any:
@@ -120,7 +168,7 @@ def make_storage(
     try:
         return _open_rdb_storage(url, engine_kwargs, heartbeat)
     except ImportError as error:
-        raise StorageError(f"cannot open Optuna storage {_mask_password(url)}: missing database driver ({error})") from None
+        raise StorageError(_error_message(url, f"missing database driver ({error})")) from None
     except Exception as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise StorageError(f"cannot open Optuna storage {_mask_password(url)}: {reason}") from None
+        raise StorageError(_error_message(url, reason)) from None

@@ -39,7 +39,10 @@ each exists:
 - ``ExperimentManager.hyperparameters_optimization`` / ``load_trial``: an Optuna storage URL is
   opened (and checked) through :func:`sb3_ppo_ext.storage.make_storage` before a study starts or
   a ``--trial-id`` is loaded, and ``-optimize`` runs on that storage object (Optuna's heartbeat: a
-  dead worker's trial is failed and retried); a run folder without a model is removed afterwards.
+  dead worker's trial is failed and retried); with ``--max-total-trials``, rl-zoo3's
+  ``MaxTrialsCallback`` becomes :class:`TrialBudgetCallback` (stale trials are failed before each
+  count, and the study runs until that many trials have finished); a run folder without a model
+  is removed afterwards.
 - ``ExperimentManager.create_callbacks`` / ``_maybe_normalize`` / ``_load_pretrained_agent`` /
   ``learn``: ``--save-freq`` checkpoints are written atomically with their VecNormalize statistics,
   and ``-i <checkpoint>`` resumes with them, with the timestep count and (when KLAdaptiveLR is
@@ -265,7 +268,7 @@ def _patch_experiment_manager(exp_manager: ModuleType) -> None:
             _remove_run_without_model(self.save_path)
             raise
         try:
-            with _study_storage(self.storage, storage):
+            with _study_storage(self.storage, storage, exp_manager, self.max_total_trials):
                 return original_optimization(self)
         finally:
             # setup_experiment made a run folder (monitor files only) that holds no model: left
@@ -431,32 +434,109 @@ def _check_storage(storage: str | None) -> Any:
         raise ZooConfigError(str(error)) from None
 
 
+def count_trials_against_budget(study: Any, n_trials: int, states: Any, poll_seconds: float) -> int:
+    """
+    The trials of ``study`` in ``states`` (rl-zoo3's ``--max-total-trials`` count: COMPLETE,
+    RUNNING and PRUNED), counted once no dead worker's trial is among them.
+
+    Stale trials (no heartbeat for the grace period) are failed first
+    (``optuna.storages.fail_stale_trials``, which re-queues them through the storage's retry
+    callback). While the count reaches ``n_trials`` only thanks to RUNNING trials, their workers
+    may have died since their last heartbeat: wait, checking every ``poll_seconds``, until each has
+    finished or gone stale (failed, and its copy queued for the next trial), so that the study
+    ends with ``n_trials`` finished trials and none left RUNNING.
+
+    :param study: the study, on a storage with heartbeats
+    :param n_trials: the budget (``--max-total-trials``)
+    :param states: the trial states that count against it
+    :param poll_seconds: seconds between two checks (the heartbeat interval)
+    :return: the count; below ``n_trials`` when trials remain to be run
+    """
+    import time
+    import warnings
+
+    import optuna
+
+    announced = False
+    while True:
+        with warnings.catch_warnings():  # fail_stale_trials is marked experimental
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+        counted = study.get_trials(deepcopy=False, states=tuple(states))
+        running = [trial.number for trial in counted if trial.state == optuna.trial.TrialState.RUNNING]
+        if len(counted) < n_trials or not running:
+            return len(counted)
+        if not announced:
+            print(
+                f"{len(counted) - len(running)} of {n_trials} trials finished: waiting for the running trial(s) "
+                f"{running} to finish, or to be failed and retried if their worker died"
+            )
+            announced = True
+        time.sleep(poll_seconds)
+
+
+class TrialBudgetCallback:
+    """
+    rl-zoo3's ``MaxTrialsCallback`` (``--max-total-trials``) for a storage with heartbeats: after each
+    trial it stops the study once :func:`count_trials_against_budget` reaches ``n_trials``, i.e.
+    once ``n_trials`` trials have finished, never with a dead worker's trial still counted.
+
+    :param poll_seconds: seconds between two checks while other trials run (the heartbeat interval)
+    :param n_trials: the budget
+    :param states: the trial states that count against it (rl-zoo3: COMPLETE, RUNNING, PRUNED)
+    """
+
+    def __init__(self, poll_seconds: float, n_trials: int, states: Any = None):
+        import optuna
+
+        self.poll_seconds = poll_seconds
+        self.n_trials = n_trials
+        self.states = (optuna.trial.TrialState.COMPLETE,) if states is None else tuple(states)
+
+    def __call__(self, study: Any, trial: Any) -> None:
+        if count_trials_against_budget(study, self.n_trials, self.states, self.poll_seconds) >= self.n_trials:
+            study.stop()
+
+
 @contextlib.contextmanager
-def _study_storage(url: str | None, storage: Any) -> Iterator[None]:
+def _study_storage(url: str | None, storage: Any, exp_manager: ModuleType, max_total_trials: int | None) -> Iterator[None]:
     """
     While rl-zoo3 runs ``-optimize``, have its ``optuna.create_study(storage=url)`` use ``storage`` instead.
 
     rl-zoo3 builds the study from the URL string, which gives an RDB storage without heartbeats;
     the object from :func:`_check_storage` has them, so a dead worker's trial is failed and retried.
+    With ``--max-total-trials``, rl-zoo3 counts RUNNING trials against the budget, a dead worker's
+    included, before the study and after each trial: on a storage with heartbeats, the study is
+    handed over only once that count holds no dead trial (:func:`count_trials_against_budget`),
+    and rl-zoo3's ``MaxTrialsCallback`` is a :class:`TrialBudgetCallback`, so the study runs
+    until ``--max-total-trials`` trials have finished.
     """
     if storage is None:
         yield
         return
     import optuna
 
-    original = optuna.create_study
+    original, original_callback = optuna.create_study, exp_manager.MaxTrialsCallback
+    interval = storage.get_heartbeat_interval() if callable(getattr(storage, "get_heartbeat_interval", None)) else None
 
     @functools.wraps(original)
     def create_study(*args, **kwargs):
         if kwargs.get("storage") == url:
             kwargs["storage"] = storage
-        return original(*args, **kwargs)
+        study = original(*args, **kwargs)
+        if kwargs.get("storage") is storage and interval and max_total_trials is not None:
+            states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.PRUNED)
+            with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends the wait; rl-zoo3 then reports the study
+                count_trials_against_budget(study, max_total_trials, states, interval)
+        return study
 
     optuna.create_study = create_study
+    if interval:
+        exp_manager.MaxTrialsCallback = functools.partial(TrialBudgetCallback, interval)
     try:
         yield
     finally:
-        optuna.create_study = original
+        optuna.create_study, exp_manager.MaxTrialsCallback = original, original_callback
 
 
 def _remove_empty_folder(path: str) -> None:

@@ -125,3 +125,87 @@ def test_make_storage_retries_the_table_creation_race(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(optuna.storages, "RDBStorage", racing)
     assert make_storage("sqlite://") is not None and len(calls) == 2
+
+
+def _zoo_optimize(storage: str, study_name: str, total: int, n_timesteps: int) -> list[str]:
+    return [
+        sys.executable, "-m", "sb3_ppo_ext.zoo", "train", "--algo", "ppo_ext", "--env", "Pendulum-v1", "-optimize",
+        "--n-trials", "10", "--max-total-trials", str(total), "--n-startup-trials", "1", "--n-evaluations", "1",
+        "--eval-episodes", "1", "--no-optim-plots", "--num-threads", "1", "--storage", storage,
+        "--study-name", study_name, "-params", "n_envs:1", "--pruner", "none", "-n", str(n_timesteps),
+    ]  # fmt: skip
+
+
+@pytest.mark.integration  # two rl-zoo3 workers, one SIGKILLed
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_zoo_optimize_two_workers_one_killed_reach_max_total_trials(backend: str, request, tmp_path: Path):
+    """
+    Worker B runs a long trial; worker A starts its first trial while B is alive (B's heartbeat is
+    fresh, so nothing is stale when A's trial starts), then B is SIGKILLed. rl-zoo3 counts B's
+    RUNNING trial against --max-total-trials after A's trial: before the fix A stopped there with
+    one finished trial. Now A fails B's trial before counting (waiting for it to go stale if its
+    grace period has not passed yet), runs its copy, and the study ends with --max-total-trials
+    finished trials, nothing RUNNING or WAITING.
+    """
+    storage = f"sqlite:///{tmp_path / 'study.db'}" if backend == "sqlite" else request.getfixturevalue("postgres_url")
+    study_name = f"test-zoo-budget-{uuid.uuid4().hex[:8]}"
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "SB3_PPO_EXT_HEARTBEAT_INTERVAL": str(HEARTBEAT),
+        "SB3_PPO_EXT_GRACE_PERIOD": str(GRACE),
+    }
+    survivor: list[subprocess.Popen] = []
+    seen: dict[str, int] = {}
+
+    def survivor_trial_started() -> bool:
+        try:
+            trials = optuna.load_study(study_name=study_name, storage=storage).get_trials(deepcopy=False)
+        except KeyError:  # the study does not exist yet
+            return False
+        if not trials:
+            return False
+        seen.setdefault("dead", trials[0].number)
+        if not survivor:  # B's trial is under way: start A, with short trials
+            survivor.append(
+                subprocess.Popen(
+                    _zoo_optimize(storage, study_name, TOTAL, 256),
+                    cwd=tmp_path,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        return len(trials) > 1  # A's first trial has started, while B is alive
+
+    try:
+        run_and_sigkill(_zoo_optimize(storage, study_name, TOTAL, 10**6), survivor_trial_started, cwd=tmp_path, env=env)
+        _, stderr = survivor[0].communicate(timeout=300)
+    finally:
+        for process in survivor:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    assert survivor[0].returncode == 0, stderr[-3000:]
+    _check_recovered(storage, study_name, seen["dead"])
+
+
+def test_zoo_budget_count_fails_a_dead_workers_trial_before_rl_zoo3_counts(tmp_path: Path):
+    """The count rl-zoo3 makes before starting: a RUNNING trial whose heartbeat stopped is failed and re-queued first."""
+    from rl_zoo3 import exp_manager
+
+    from sb3_ppo_ext import zoo
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    storage = make_storage(url, heartbeat_interval=HEARTBEAT, grace_period=1)
+    study = optuna.create_study(storage=storage, study_name="s")
+    dead = study.ask()
+    storage.record_heartbeat(dead._trial_id)  # a worker's last heartbeat; it then died
+    time.sleep(2.5)
+    with zoo._study_storage(url, storage, exp_manager, max_total_trials=1):
+        study = optuna.create_study(storage=url, study_name="s", load_if_exists=True)
+        assert isinstance(exp_manager.MaxTrialsCallback(1, states=FINISHED), zoo.TrialBudgetCallback)
+    assert exp_manager.MaxTrialsCallback is optuna.study.MaxTrialsCallback
+    states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
+    assert states == {dead.number: optuna.trial.TrialState.FAIL, dead.number + 1: optuna.trial.TrialState.WAITING}

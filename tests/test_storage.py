@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import tomllib
 from packaging.requirements import Requirement
 from packaging.version import Version
@@ -42,3 +43,38 @@ def test_storage_module_owns_storage_and_samplers_re_exports_it():
     code = "import sys, sb3_ppo_ext.storage, sb3_ppo_ext.settings; print('optuna' in sys.modules, 'rl_zoo3' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["False", "False"]
+
+
+SECRET = "t0pSecret"
+
+
+@pytest.mark.parametrize(
+    "url, shown",
+    [
+        (f"postgresql://user:{SECRET}@127.0.0.1:9/db", "postgresql://user:***@127.0.0.1:9/db"),
+        (f"postgresql://:{SECRET}@127.0.0.1:9/db", "postgresql://:***@127.0.0.1:9/db"),
+        (f"postgresql://user@127.0.0.1:9/db?password={SECRET}", "postgresql://user@127.0.0.1:9/db?password=***"),
+        (
+            f"postgresql://127.0.0.1:9/db?sslmode=disable&password={SECRET}&connect_timeout=1",
+            "postgresql://127.0.0.1:9/db?sslmode=disable&password=***&connect_timeout=1",
+        ),
+        # A raw "@" in the password: SQLAlchemy splits at the first one and takes "Secret@127.0.0.1" for the host.
+        ("postgresql://user:t0p@Secret@127.0.0.1:9/db", "postgresql://user:***@127.0.0.1:9/db"),
+        ("postgresql://user:t0p@Sec@ret@127.0.0.1:9/db", "postgresql://user:***@127.0.0.1:9/db"),
+    ],
+)
+def test_storage_error_shows_no_part_of_any_password(url: str, shown: str):
+    with pytest.raises(storage.StorageError) as raised:
+        storage.make_storage(url)
+    message = str(raised.value)
+    assert f"cannot open Optuna storage {shown}: " in message
+    for part in ("t0p", "Secret", "Sec", "ret@"):
+        assert part not in message, message
+    if "@Sec" in url:
+        assert "must be written %40" in message
+
+
+def test_password_free_urls_are_shown_whole():
+    for url in ("sqlite:///study.db", "postgresql://user@db-host:5432/optuna?sslmode=require", "postgresql://u:p%40ss@h/db"):
+        expected = url.replace(":p%40ss@", ":***@")
+        assert storage._mask_password(url) == expected

@@ -20,7 +20,7 @@ import pytest
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 from sb3_ppo_ext import PPOExt
-from sb3_ppo_ext.samplers import make_storage, ppo_ext_kwargs_from_params, to_ppo_ext_kwargs
+from sb3_ppo_ext.samplers import StorageError, make_storage, ppo_ext_kwargs_from_params, to_ppo_ext_kwargs
 
 pytestmark = pytest.mark.integration  # concurrent worker processes, PostgreSQL
 
@@ -140,3 +140,40 @@ def test_embedded_storage_two_workers(url: str, tmp_path: Path):
     ]  # fmt: skip
     _start_workers([command, command], tmp_path)
     _check_study(storage, "s", 4)
+
+
+def test_password_from_pgpassword_instead_of_the_url(postgres_url: str, monkeypatch: pytest.MonkeyPatch):
+    """
+    docs/guide/zoo.md: a URL without password works with PGPASSWORD, on a server that checks the
+    password of the role ``sb3_ppo_ext_tuner`` (a pg_hba.conf line ``host all sb3_ppo_ext_tuner
+    127.0.0.1/32 scram-sha-256`` above the others; skipped where the server trusts every role).
+    """
+    import sqlalchemy
+    from sqlalchemy.engine import make_url
+
+    role, password = "sb3_ppo_ext_tuner", uuid.uuid4().hex
+    admin = sqlalchemy.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {role} WITH (FORCE)"))
+        connection.execute(sqlalchemy.text(f"DROP ROLE IF EXISTS {role}"))
+        connection.execute(sqlalchemy.text(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'"))
+        connection.execute(sqlalchemy.text(f"CREATE DATABASE {role} OWNER {role}"))
+    url = make_url(postgres_url).set(username=role, password=None, database=role).render_as_string(hide_password=False)
+    assert password not in url and ":@" not in url
+    try:
+        monkeypatch.setenv("PGPASSWORD", "wrong")
+        try:
+            make_storage(url)
+        except StorageError as error:
+            assert "password authentication failed" in str(error) and "wrong" not in str(error)
+        else:
+            pytest.skip("the server does not check passwords (trust authentication): nothing to show")
+        monkeypatch.setenv("PGPASSWORD", password)
+        study = optuna.create_study(storage=make_storage(url), study_name="s")
+        study.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=1)
+        assert len(optuna.load_study(study_name="s", storage=make_storage(url)).trials) == 1
+    finally:
+        with admin.connect() as connection:
+            connection.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {role} WITH (FORCE)"))
+            connection.execute(sqlalchemy.text(f"DROP ROLE IF EXISTS {role}"))
+        admin.dispose()
