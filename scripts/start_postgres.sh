@@ -9,7 +9,7 @@
 # Installs Debian's postgresql package when no server binaries are found (needs root and apt-get).
 # Settings (environment): SB3_PPO_EXT_PG_DATA (default /tmp/sb3_ppo_ext_pg), SB3_PPO_EXT_PG_PORT
 # (default 54329), SB3_PPO_EXT_PG_DB (default optuna). The server listens on 127.0.0.1 only, with
-# trust authentication: a development server, not a production one.
+# trust authentication (but for the test role sb3_ppo_ext_tuner): a development server, not a production one.
 set -euo pipefail
 
 data_dir=${SB3_PPO_EXT_PG_DATA:-/tmp/sb3_ppo_ext_pg}
@@ -63,6 +63,15 @@ if [ ! -f "$data_dir/PG_VERSION" ]; then
   as_db_user "$bindir/initdb" -D "$data_dir" -U "$db_user" -A trust --no-instructions >&2
 fi
 
+# One role logs in with a password, every other one is trusted: tests/test_zoo_postgres.py shows a
+# URL without password working with PGPASSWORD (first matching pg_hba.conf line wins, so it goes first).
+hba_line="host all sb3_ppo_ext_tuner 127.0.0.1/32 scram-sha-256"
+hba_changed=0
+if ! grep -qxF "$hba_line" "$data_dir/pg_hba.conf"; then
+  as_db_user sh -c 'hba="$1/pg_hba.conf"; { echo "$2"; cat "$hba"; } > "$hba.new" && mv "$hba.new" "$hba"' _ "$data_dir" "$hba_line"
+  hba_changed=1
+fi
+
 server_ready() { as_db_user "$bindir/pg_isready" -h 127.0.0.1 -p "$port" -q; }
 if ! server_ready; then
   # A server killed without a clean shutdown (SIGKILL, a machine stop) leaves postmaster.pid
@@ -76,6 +85,8 @@ if ! server_ready; then
   pg_ctl start -w -t 60 -l "$data_dir/server.log" \
     -o "-p $port -c listen_addresses=127.0.0.1 -k $data_dir -c max_connections=200" >&2
 fi
+
+if [ "$hba_changed" = 1 ]; then pg_ctl reload >&2; fi
 
 psql() { as_db_user "$bindir/psql" -h 127.0.0.1 -p "$port" -U "$db_user" -d postgres -v ON_ERROR_STOP=1 -qtA "$@"; }
 if [ "$(psql -c "SELECT 1 FROM pg_database WHERE datname = '$database'")" != "1" ]; then
