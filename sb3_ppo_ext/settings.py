@@ -486,9 +486,8 @@ def entry_problems(entry: Any, algo: str = DEFAULT_ALGO, whole: bool = True) -> 
 def _whole_entry_problems(spec: AlgorithmSpec, parameters: dict[str, Any], entry: Mapping[str, Any]) -> list[str]:
     """The algorithm's own argument check on the entry merged over the algorithm's defaults."""
     merged = {**parameters, **to_algorithm_kwargs({k: v for k, v in entry.items() if k in parameters})}
-    n_envs = entry.get("n_envs")  # absent once rl-zoo3 has consumed it: PPO checks it then
-    if n_envs is not None and merged.get("normalize_advantage") and merged.get("n_steps", 2) * n_envs <= 1:
-        return [f"n_steps * n_envs = {merged['n_steps'] * n_envs} is invalid with normalize_advantage: expected > 1"]
+    # n_envs is absent once rl-zoo3 has consumed it: the algorithm checks n_steps * n_envs then.
+    merged["n_envs"] = entry.get("n_envs")
     if spec.check_arguments is None:
         return []
     check_arguments = import_object(spec.check_arguments)
