@@ -333,6 +333,8 @@ def _policy_kwarg_problem(key: str, value: Any, default: Any) -> str | None:
     name = f"policy_kwargs.{key}"
     if value is _NOT_LITERAL:
         return None
+    if key in validation.POLICY_KWARG_CHECKS:  # the policies' own checks (range, the LSTM's arguments)
+        return _typed_by_default_problem(name, value, default) or _check(validation.POLICY_KWARG_CHECKS[key], name, value)
     if key == "activation_fn":
         if isinstance(value, str):
             return _check(activation_class, value)
@@ -377,6 +379,8 @@ def _policy_kwargs_problems(algorithm: type, policy: Any, policy_kwargs: Any) ->
             problems.append(_unknown(key, sorted(parameters), f" in policy_kwargs of {policy_class.__name__}"))
         elif problem := _policy_kwarg_problem(key, value, parameters[key]):
             problems.append(problem)
+    if not problems and (problem := _check(validation.check_policy_kwargs_together, policy_kwargs)):
+        problems.append(problem)
     return problems
 
 

@@ -49,6 +49,34 @@ ENTRY_ERRORS = [
 ]
 
 
+# RecurrentPPOExt's LSTM policy_kwargs, and log_std_init, judged by the policies' own checks (validation.POLICY_KWARG_CHECKS).
+LSTM_POLICY_KWARG_ERRORS = [
+    ({"lstm_hidden_size": 0}, r"policy_kwargs\.lstm_hidden_size=0 is invalid: expected an int >= 1"),
+    ({"n_lstm_layers": 0}, r"policy_kwargs\.n_lstm_layers=0 is invalid: expected an int >= 1"),
+    ({"shared_lstm": True}, r"policy_kwargs\.shared_lstm=True is invalid with policy_kwargs\.enable_critic_lstm=True"),
+    (
+        {"shared_lstm": True, "enable_critic_lstm": False, "share_features_extractor": False},
+        r"policy_kwargs\.shared_lstm=True is invalid with policy_kwargs\.share_features_extractor=False",
+    ),
+    ({"lstm_kwargs": {"dropout": 1.5}}, r"policy_kwargs\.lstm_kwargs\.dropout=1\.5 is invalid: .*>= 0\.0 and <= 1\.0"),
+    ({"lstm_kwargs": {"dropout": -0.1}}, r"policy_kwargs\.lstm_kwargs\.dropout=-0\.1 is invalid"),
+    ({"log_std_init": float("nan")}, r"policy_kwargs\.log_std_init=nan is invalid: expected a finite number"),
+    ({"log_std_init": float("inf")}, r"policy_kwargs\.log_std_init=inf is invalid: expected a finite number"),
+]
+
+
+@pytest.mark.parametrize("policy_kwargs, message", LSTM_POLICY_KWARG_ERRORS)
+def test_lstm_policy_kwargs_are_checked_by_the_settings_and_at_construction(policy_kwargs, message):
+    from sb3_ppo_ext import RecurrentPPOExt
+
+    with pytest.raises(SettingsError, match=rf"^x\.yml \(entry 'E'\): {message}"):
+        check_entry({"policy": "MlpLstmPolicy", "policy_kwargs": policy_kwargs}, "x.yml (entry 'E')", "ppo_lstm_ext")
+    with pytest.raises(InvalidSettingError, match=rf"^{message}"):
+        RecurrentPPOExt("MlpLstmPolicy", "Pendulum-v1", n_steps=16, batch_size=16, policy_kwargs=policy_kwargs, device="cpu")
+    valid = {"shared_lstm": True, "enable_critic_lstm": False, "lstm_kwargs": {"dropout": 0.0}, "lstm_hidden_size": 4}
+    assert entry_problems({"policy": "MlpLstmPolicy", "policy_kwargs": valid}, "ppo_lstm_ext") == []
+
+
 @pytest.mark.parametrize("entry, message", ENTRY_ERRORS)
 def test_bad_entry_names_source_and_key(entry, message):
     with pytest.raises(SettingsError, match=rf"^x\.yml \(entry 'E'\): .*{message}"):
