@@ -256,6 +256,9 @@ class ParameterScheduler(BaseCallback):
     schedules; ``n_epochs`` and ``batch_size`` are rounded, and so is any value that is a whole
     number for an attribute that holds an int (otherwise it becomes a float); ``learning_rate`` sets ``model.learning_rate``,
     ``model.lr_schedule`` and the optimizer (do not combine it with :class:`KLAdaptiveLR`).
+    ``kl_coef`` schedules a fixed beta (each update uses the scheduled value, see
+    ``ExtUpdateEngine._live_kl_coef``); with ``kl_target`` set it is an error at the start of
+    training, as ``kl_coef`` is then only the adaptive beta's initial value.
 
     Example (yml): ``schedules: {ent_coef: {kind: linear, start: 0.01, end: 0.0}}``.
 
@@ -298,6 +301,13 @@ class ParameterScheduler(BaseCallback):
             if not (current is None or callable(current) or _is_number(current)):
                 raise ValueError(
                     f"schedules[{name!r}] is invalid: {type(self.model).__name__}.{name}={current!r} is not numeric"
+                )
+            if name == "kl_coef" and getattr(self.model, "kl_target", None) is not None:
+                # A fixed beta is kl_coef (each update uses the scheduled value); an adaptive one only starts there.
+                raise InvalidSettingError(
+                    f"schedules['kl_coef'] is invalid with kl_target={self.model.kl_target!r}: kl_coef is only the "
+                    "initial beta of the adaptive penalty, which then adapts; schedule kl_target instead, or use a "
+                    "fixed beta (kl_target=None), whose beta is kl_coef"
                 )
 
     def value(self, name: str) -> float:

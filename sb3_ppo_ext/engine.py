@@ -76,6 +76,22 @@ class Minibatch(NamedTuple):
     """boolean mask of the valid samples among ``samples``' rows; ``None``: all are valid"""
 
 
+# The attribute through which ``load`` hands its keyword arguments to ``_setup_model`` (SB3's ``load`` sets
+# its keyword arguments as attributes right before ``_setup_model``); removed there.
+_LOADING = "_sb3_ppo_ext_loading"
+
+
+class _Loading(NamedTuple):
+    """A ``load`` in progress, as ``_setup_model`` sees it."""
+
+    algorithm: str
+    """the loading class's name"""
+    label: str
+    """the model file, for messages"""
+    overrides: dict[str, Any]
+    """``load``'s keyword arguments (set over the saved attributes, as SB3 does)"""
+
+
 class _UpdateStats:
     """
     Sample-weighted means (and extremes) of per-minibatch diagnostics over a whole update.
@@ -288,17 +304,55 @@ class ExtUpdateEngine:
         upstream's. numpy integers are accepted for ``n_steps``, ``batch_size`` and ``n_epochs`` (as by
         upstream); they are kept as Python ints for the update's index arithmetic.
         """
-        self.n_steps, self.batch_size, self.n_epochs = int(self.n_steps), int(self.batch_size), int(self.n_epochs)
         self.vf_clip_mode = vf_clip_mode
-        self.kl_coef = float(kl_coef)
-        self.kl_target = None if kl_target is None else float(kl_target)
-        self.kl_adapt_factor = float(kl_adapt_factor)
-        self.kl_adapt_tolerance = float(kl_adapt_tolerance)
-        self.kl_coef_bounds = (float(kl_coef_bounds[0]), float(kl_coef_bounds[1]))
+        self.kl_coef = kl_coef
+        self.kl_target = kl_target
+        self.kl_adapt_factor = kl_adapt_factor
+        self.kl_adapt_tolerance = kl_adapt_tolerance
+        self.kl_coef_bounds = kl_coef_bounds
+        self._normalise_settings()
         # The live beta: adapted after each update, saved with the model, carried on by a
-        # continued ``learn``. Set here and not in ``_setup_model`` so that ``load`` (which calls
-        # ``_setup_model`` after restoring the saved attributes) keeps the saved value.
-        self.current_kl_coef = self.kl_coef
+        # continued ``learn``. Set here and not in ``_setup_model``: ``load`` (which calls
+        # ``_setup_model`` after restoring the saved attributes) applies the beta rule to the saved value.
+        self.current_kl_coef = self._live_kl_coef(None)
+
+    def _normalise_settings(self) -> None:
+        """The checked settings as the update uses them: Python ints (index arithmetic) and floats."""
+        self.n_steps, self.batch_size, self.n_epochs = int(self.n_steps), int(self.batch_size), int(self.n_epochs)
+        self.kl_coef = float(self.kl_coef)
+        self.kl_target = None if self.kl_target is None else float(self.kl_target)
+        self.kl_adapt_factor = float(self.kl_adapt_factor)
+        self.kl_adapt_tolerance = float(self.kl_adapt_tolerance)
+        self.kl_coef_bounds = (float(self.kl_coef_bounds[0]), float(self.kl_coef_bounds[1]))
+
+    def _kl_state(self) -> tuple[Any, Any, Any]:
+        """``(kl_coef, kl_target, current_kl_coef)``: what :meth:`_live_kl_coef` carries a beta on from."""
+        return self.kl_coef, self.kl_target, self.current_kl_coef
+
+    def _live_kl_coef(self, previous: tuple[Any, Any, Any] | None) -> Any:
+        """
+        The beta rule, the one place that decides the live beta (``current_kl_coef``) from the settings:
+
+        - penalty off (``kl_coef == 0``): 0;
+        - fixed beta (``kl_target=None``): ``kl_coef``, always: a ``kl_coef`` given to ``load`` or set
+          by :class:`~sb3_ppo_ext.callbacks.ParameterScheduler` is the beta every update uses;
+        - adaptive beta (``kl_target`` set): carried on from ``previous`` when that was an adaptive
+          beta configured with the same ``kl_coef``; otherwise it starts at ``kl_coef``. So a new
+          model, a penalty switched on at load and a ``kl_coef`` given at load that differs from the
+          saved one start at ``kl_coef``, while a continued ``learn`` and a ``load`` that gives the
+          saved ``kl_coef`` again (rl-zoo3's ``-i`` passes the yml's) keep the adapted beta.
+
+        :param previous: ``(kl_coef, kl_target, current_kl_coef)`` the live beta was adapted under
+            (:meth:`_kl_state`; at load, the file's), or ``None`` for a new model
+        :return: the live beta (the carried-on value as it is: :meth:`_settings_error` checks it)
+        """
+        if not self.kl_coef > 0:
+            return 0.0
+        if self.kl_target is None or previous is None:
+            return float(self.kl_coef)
+        kl_coef, kl_target, beta = previous
+        carried_on = kl_target is not None and validation.is_real(kl_coef) and float(kl_coef) == float(self.kl_coef)
+        return beta if carried_on else float(self.kl_coef)
 
     @staticmethod
     def _check_arguments(
@@ -313,6 +367,7 @@ class ExtUpdateEngine:
         max_grad_norm: Any,
         target_kl: Any,
         check_schedules: bool = True,
+        n_envs: int | None = None,
         **ppo_arguments: Any,
     ) -> None:
         """
@@ -321,6 +376,8 @@ class ExtUpdateEngine:
         is allowed, for any invalid argument. Numbers may be Python or numpy scalars.
 
         :param check_schedules: whether to evaluate schedules at progress 1
+        :param n_envs: the number of environments, when known: ``n_steps * n_envs`` must exceed 1 with
+            ``normalize_advantage`` (as PPO asserts)
         :param ppo_arguments: further arguments of PPO to check, each optional: ``learning_rate``,
             ``n_steps``, ``batch_size``, ``n_epochs``, ``gamma``, ``gae_lambda``, ``ent_coef``,
             ``vf_coef``, ``normalize_advantage``, ``use_sde``, ``sde_sample_freq``, ``stats_window_size``
@@ -339,6 +396,11 @@ class ExtUpdateEngine:
             raise validation.InvalidSettingError(
                 f"batch_size={ppo_arguments['batch_size']!r} is invalid with normalize_advantage=True: expected an int > 1 "
                 "(see https://github.com/DLR-RM/stable-baselines3/issues/440)"
+            )
+        n_steps, normalize = ppo_arguments.get("n_steps"), ppo_arguments.get("normalize_advantage", True)
+        if n_envs is not None and n_steps is not None and normalize and n_steps * n_envs <= 1:
+            raise validation.InvalidSettingError(
+                f"n_steps * n_envs = {n_steps * n_envs} is invalid with normalize_advantage: expected > 1"
             )
         validation.check_positive_or_schedule("clip_range", clip_range, allow_none=True, check_schedule=check_schedules)
         validation.check_positive_or_schedule("clip_range_vf", clip_range_vf, allow_none=True, check_schedule=check_schedules)
@@ -369,23 +431,97 @@ class ExtUpdateEngine:
         validation.check_real("max_grad_norm", max_grad_norm, low=0.0, finite=False)
         validation.optional_real("target_kl", target_kl, low=0.0, finite=False)
 
-    def _setup_model(self) -> None:
-        # Checked again here because ``load(path, **kwargs)`` overrides attributes without __init__.
-        # Schedules are not evaluated: ``load``'s ``custom_objects`` may replace them for a model
-        # that will not train (rl-zoo3's enjoy passes ``clip_range=lambda _: 0.0``).
-        self._check_arguments(
-            check_schedules=False,
-            clip_range=self.clip_range,
-            clip_range_vf=self.clip_range_vf,
-            vf_clip_mode=self.vf_clip_mode,
-            kl_coef=self.kl_coef,
-            kl_target=self.kl_target,
-            kl_adapt_factor=self.kl_adapt_factor,
-            kl_adapt_tolerance=self.kl_adapt_tolerance,
-            kl_coef_bounds=self.kl_coef_bounds,
-            max_grad_norm=self.max_grad_norm,
-            target_kl=self.target_kl,
+    # Attributes that hold a checked argument under another name.
+    _ARGUMENT_ATTRIBUTES: ClassVar[dict[str, str]] = {"stats_window_size": "_stats_window_size"}
+
+    def _configured_arguments(self) -> dict[str, Any]:
+        """The model's current value of every argument that :meth:`_check_arguments` checks (those it has)."""
+        arguments = {}
+        for name in checked_argument_names():
+            attribute = self._ARGUMENT_ATTRIBUTES.get(name, name)
+            if attribute in self.__dict__:
+                arguments[name] = self.__dict__[attribute]
+        return arguments
+
+    def _settings_error(self, previous: tuple[Any, Any, Any]) -> validation.InvalidSettingError | None:
+        """
+        What is wrong with the model's settings, as the constructor judges them (schedules are not
+        evaluated: ``load``'s ``custom_objects`` may replace them for a model that will not train, as
+        rl-zoo3's enjoy does with ``clip_range=lambda _: 0.0``), and with its live beta: the stored
+        ``current_kl_coef`` must be a finite number >= 0, and an adaptive beta carried on (see
+        :meth:`_live_kl_coef`) must lie within ``kl_coef_bounds``.
+
+        :param previous: what the live beta was adapted under (:meth:`_kl_state`)
+        :return: the error, or ``None`` when the settings are valid
+        """
+        try:
+            n_envs = self.n_envs if getattr(self, "env", None) is not None else None
+            self._check_arguments(check_schedules=False, n_envs=n_envs, **self._configured_arguments())
+            validation.check_real("current_kl_coef", self.current_kl_coef, low=0.0, strict=False)
+            beta = self._live_kl_coef(previous)
+            low, high = self.kl_coef_bounds
+            if self.kl_target is not None and self.kl_coef > 0 and not low <= beta <= high:
+                raise validation.InvalidSettingError(
+                    f"current_kl_coef={beta!r} (the adaptive beta carried on) is invalid: expected a value "
+                    f"within kl_coef_bounds={self.kl_coef_bounds!r}"
+                )
+        except validation.InvalidSettingError as error:
+            return error
+        return None
+
+    def _check_policy_fits_observations(self) -> None:
+        """
+        A ``ValueError`` naming the policies to use when the policy's default features extractor cannot read
+        the observation space: a ``Dict`` space needs a ``MultiInput...`` policy (SB3's ``CombinedExtractor``),
+        any other space a policy without it. SB3 makes the same check for ``"MlpPolicy"`` / ``"CnnPolicy"``
+        only; without it, ``"MlpLstmPolicy"`` fails at the first rollout and ``"MultiInputPolicy"`` with an
+        ``AttributeError``. A ``features_extractor_class`` given in ``policy_kwargs`` is the user's choice.
+        """
+        from stable_baselines3.common.torch_layers import CombinedExtractor
+
+        from sb3_ppo_ext.settings import policy_parameters
+
+        def reads_dicts(policy_class: type) -> bool:
+            extractor = policy_parameters(policy_class).get("features_extractor_class")
+            return isinstance(extractor, type) and issubclass(extractor, CombinedExtractor)
+
+        aliases: dict[str, type] = getattr(self, "policy_aliases", {})
+        if "features_extractor_class" in (self.policy_kwargs or {}) or self.policy_class not in aliases.values():
+            return
+        dict_space = isinstance(self.observation_space, spaces.Dict)
+        if reads_dicts(self.policy_class) == dict_space:
+            return
+        name = next(alias for alias, policy in aliases.items() if policy is self.policy_class)
+        fitting = " or ".join(f"`{alias}`" for alias, policy in aliases.items() if reads_dicts(policy) == dict_space)
+        raise ValueError(
+            f"You must use {fitting} when working with a {type(self.observation_space).__name__} observation space, not {name}"
         )
+
+    def _setup_model(self) -> None:
+        # Checked again here because ``load(path, **kwargs)`` sets the saved attributes and its
+        # keyword arguments without __init__: the same checks as the constructor's (see
+        # ``_settings_error``), and the beta rule (``_live_kl_coef``) on the saved live beta.
+        loading: _Loading | None = self.__dict__.pop(_LOADING, None)
+        previous = self._kl_state()
+        if loading is None:
+            error = self._settings_error(previous)
+            if error is not None:
+                raise error
+        else:
+            saved_error = self._settings_error(previous)
+            self.__dict__.update(loading.overrides)
+            # A current_kl_coef given at load replaces the saved live beta.
+            previous = (*previous[:2], self.current_kl_coef)
+            error = self._settings_error(previous)
+            if error is not None:
+                if saved_error is not None and str(saved_error) == str(error):  # not mended by the keyword arguments
+                    raise ModelFileError(
+                        f"{loading.algorithm}.load: model file {loading.label} holds an invalid setting: {error}"
+                    ) from error
+                raise error  # from load's keyword arguments: the constructor's error
+        self.current_kl_coef = self._live_kl_coef(previous)
+        self._normalise_settings()
+        self._check_policy_fits_observations()
         # Upstream's ``_setup_model`` wraps ``clip_range`` in a FloatSchedule unconditionally, which
         # rejects ``None`` (clipping off): it gets a stand-in, and ``None`` is put back afterwards.
         clipping_off = self.clip_range is None
@@ -584,7 +720,8 @@ class ExtUpdateEngine:
         progress = self._current_progress_remaining
         clip_range = None if self.clip_range is None else float(self.clip_range(progress))
         clip_range_vf = None if self.clip_range_vf is None else float(self.clip_range_vf(progress))
-        kl_coef = self.current_kl_coef if self.uses_kl_penalty else 0.0
+        # The beta rule: a fixed beta is kl_coef as it is now (ParameterScheduler may have set it).
+        self.current_kl_coef = kl_coef = self._live_kl_coef(self._kl_state())
 
         stats = _UpdateStats()
         grad_norms: list[th.Tensor] = []
@@ -735,6 +872,11 @@ class ExtUpdateEngine:
         The file's pickled objects are trusted: load only files you trust.
         """
         path = check_model_file(path, cls.__name__, cls._model_families)  # paths and file objects alike
+        label = str(path) if isinstance(path, (str, os.PathLike)) else str(getattr(path, "name", None) or type(path).__name__)
+        # SB3 sets the keyword arguments over the saved attributes right before ``_setup_model``;
+        # ``_setup_model`` sets them itself, so that it knows which values are the file's.
+        # ``policy_kwargs`` also goes to SB3, which compares it with the saved one.
+        passed = {key: kwargs[key] for key in ("policy_kwargs",) if key in kwargs}
         try:
             return super().load(  # type: ignore[misc]
                 path,
@@ -743,7 +885,8 @@ class ExtUpdateEngine:
                 custom_objects=custom_objects,
                 print_system_info=print_system_info,
                 force_reset=force_reset,
-                **kwargs,
+                **passed,
+                **{_LOADING: _Loading(cls.__name__, label, dict(kwargs))},
             )
         except ValueError as error:
             if not str(error).startswith(("Observation spaces do not match", "Action spaces do not match")):
@@ -751,15 +894,18 @@ class ExtUpdateEngine:
             raise ModelFileError(f"{cls.__name__}.load: {path} does not fit the given env: {error}") from error
 
 
+def checked_argument_names() -> frozenset[str]:
+    """The names of the algorithms' arguments that :meth:`ExtUpdateEngine._check_arguments` checks."""
+    names = set(inspect.signature(ExtUpdateEngine._check_arguments).parameters) | set(validation.PPO_ARGUMENT_CHECKS)
+    return frozenset(names - {"check_schedules", "n_envs", "ppo_arguments"})
+
+
 def checked_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
     """
     The arguments of an algorithm's ``__init__`` (its ``locals()``) that :meth:`ExtUpdateEngine._check_arguments`
     checks: PPOExt, MaskablePPOExt and RecurrentPPOExt check their settings with the one owner.
     """
-    names = (set(inspect.signature(ExtUpdateEngine._check_arguments).parameters) | set(validation.PPO_ARGUMENT_CHECKS)) - {
-        "check_schedules",
-        "ppo_arguments",
-    }
+    names = checked_argument_names()
     return {name: value for name, value in arguments.items() if name in names}
 
 

@@ -16,7 +16,7 @@ from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
 
 from sb3_ppo_ext.distributions import ENTROPY_ESTIMATORS, TanhSquashedDistribution, rescale_tanh64
-from sb3_ppo_ext.validation import InvalidSettingError, check_bool
+from sb3_ppo_ext.validation import InvalidSettingError, check_bool, check_policy_kwargs
 
 DEFAULT_LOG_STD_BOUNDS = (-5.0, 2.0)
 DEFAULT_ENTROPY_ESTIMATOR = "mc"
@@ -109,6 +109,7 @@ class PPOExtActorCriticPolicy(ActorCriticPolicy):
         state_dependent_std = bool(check_bool("state_dependent_std", state_dependent_std))
         use_sde = bool(check_bool("use_sde", kwargs.get("use_sde", False)))
         _check_boolean_kwargs(kwargs)
+        check_policy_kwargs(kwargs)  # log_std_init, and the LSTM's arguments of RecurrentPPOExt's policies
         if squash_output is None:
             squash_output = is_box
         if squash_output:

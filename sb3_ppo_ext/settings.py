@@ -333,6 +333,8 @@ def _policy_kwarg_problem(key: str, value: Any, default: Any) -> str | None:
     name = f"policy_kwargs.{key}"
     if value is _NOT_LITERAL:
         return None
+    if key in validation.POLICY_KWARG_CHECKS:  # the policies' own checks (range, the LSTM's arguments)
+        return _typed_by_default_problem(name, value, default) or _check(validation.POLICY_KWARG_CHECKS[key], name, value)
     if key == "activation_fn":
         if isinstance(value, str):
             return _check(activation_class, value)
@@ -377,6 +379,8 @@ def _policy_kwargs_problems(algorithm: type, policy: Any, policy_kwargs: Any) ->
             problems.append(_unknown(key, sorted(parameters), f" in policy_kwargs of {policy_class.__name__}"))
         elif problem := _policy_kwarg_problem(key, value, parameters[key]):
             problems.append(problem)
+    if not problems and (problem := _check(validation.check_policy_kwargs_together, policy_kwargs)):
+        problems.append(problem)
     return problems
 
 
@@ -486,9 +490,8 @@ def entry_problems(entry: Any, algo: str = DEFAULT_ALGO, whole: bool = True) -> 
 def _whole_entry_problems(spec: AlgorithmSpec, parameters: dict[str, Any], entry: Mapping[str, Any]) -> list[str]:
     """The algorithm's own argument check on the entry merged over the algorithm's defaults."""
     merged = {**parameters, **to_algorithm_kwargs({k: v for k, v in entry.items() if k in parameters})}
-    n_envs = entry.get("n_envs")  # absent once rl-zoo3 has consumed it: PPO checks it then
-    if n_envs is not None and merged.get("normalize_advantage") and merged.get("n_steps", 2) * n_envs <= 1:
-        return [f"n_steps * n_envs = {merged['n_steps'] * n_envs} is invalid with normalize_advantage: expected > 1"]
+    # n_envs is absent once rl-zoo3 has consumed it: the algorithm checks n_steps * n_envs then.
+    merged["n_envs"] = entry.get("n_envs")
     if spec.check_arguments is None:
         return []
     check_arguments = import_object(spec.check_arguments)

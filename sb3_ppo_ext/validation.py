@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -210,3 +210,54 @@ PPO_ARGUMENT_CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "sde_sample_freq": lambda name, value: check_int(name, value, low=None),
     "stats_window_size": check_positive_int,
 }
+
+
+def check_lstm_kwargs(name: str, value: Any) -> None:
+    """An :class:`InvalidSettingError` unless ``value`` is ``None`` or a mapping whose ``dropout`` (if any) is in [0, 1]."""
+    if value is None:
+        return
+    if not isinstance(value, Mapping):
+        raise InvalidSettingError(f"{name}={value!r} is invalid: expected a mapping of torch.nn.LSTM arguments")
+    if "dropout" in value:
+        check_real(f"{name}.dropout", value["dropout"], low=0.0, high=1.0, strict=False)
+
+
+# Checks of policy keyword arguments (``policy_kwargs``) by name, each taking the name and the value: the
+# policies of this package run them at construction, the settings owner on yml entries and ``-params``.
+POLICY_KWARG_CHECKS: dict[str, Callable[[str, Any], Any]] = {
+    "log_std_init": check_real,
+    "lstm_hidden_size": check_positive_int,
+    "n_lstm_layers": check_positive_int,
+    "lstm_kwargs": check_lstm_kwargs,
+}
+
+
+def check_policy_kwargs_together(policy_kwargs: Mapping[str, Any]) -> None:
+    """
+    An :class:`InvalidSettingError` for policy keyword arguments that exclude each other: sb3-contrib's LSTM
+    policies share the LSTM (``shared_lstm=True``) only without a critic LSTM of its own
+    (``enable_critic_lstm``, default True) and with a shared features extractor.
+    """
+    if policy_kwargs.get("shared_lstm") is not True:
+        return
+    if policy_kwargs.get("enable_critic_lstm", True) is True:
+        raise InvalidSettingError(
+            "policy_kwargs.shared_lstm=True is invalid with policy_kwargs.enable_critic_lstm=True (its default): "
+            "the critic either shares the actor's LSTM or has its own; set enable_critic_lstm=False to share it"
+        )
+    if policy_kwargs.get("share_features_extractor", True) is False:
+        raise InvalidSettingError(
+            "policy_kwargs.shared_lstm=True is invalid with policy_kwargs.share_features_extractor=False: "
+            "a shared LSTM needs the shared features extractor"
+        )
+
+
+def check_policy_kwargs(policy_kwargs: Mapping[str, Any]) -> None:
+    """
+    An :class:`InvalidSettingError` naming ``policy_kwargs.<key>`` for any invalid policy keyword argument
+    among :data:`POLICY_KWARG_CHECKS`, then for those that exclude each other (:func:`check_policy_kwargs_together`).
+    """
+    for key, check in POLICY_KWARG_CHECKS.items():
+        if key in policy_kwargs:
+            check(f"policy_kwargs.{key}", policy_kwargs[key])
+    check_policy_kwargs_together(policy_kwargs)

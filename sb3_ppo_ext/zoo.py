@@ -317,6 +317,11 @@ def _patch_settings_checks(manager_class: Any) -> None:
             raise ZooConfigError(f"invalid {self.algo} hyperparameters in {source}: expected a mapping of settings")
         # The merged settings (file, trial, -params) as a whole: the rules that tie parameters together.
         problems = settings.entry_problems(hyperparams, self.algo)
+        if "n_timesteps" not in hyperparams:
+            if self.n_timesteps <= 0:  # rl-zoo3 would end in KeyError: 'n_timesteps'
+                problems.append("'n_timesteps' is missing: give the entry a training budget (n_timesteps: 1.0e5) or pass -n")
+            else:  # -n gives the budget; rl-zoo3 still reads (and deletes) the key
+                hyperparams = {**hyperparams, "n_timesteps": self.n_timesteps}
         if problems:
             raise ZooConfigError(f"invalid {self.algo} hyperparameters in {source}: {'; '.join(problems)}")
         return hyperparams, saved_hyperparams

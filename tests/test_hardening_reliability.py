@@ -27,9 +27,10 @@ from gymnasium import spaces
 from sb3_contrib import MaskablePPO, RecurrentPPO
 from sb3_contrib.common.envs import InvalidActionEnvDiscrete
 from stable_baselines3 import A2C, PPO, SAC
+from stable_baselines3.common.logger import configure
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
-from sb3_ppo_ext import NonFiniteLossError, PPOExt
+from sb3_ppo_ext import MaskablePPOExt, NonFiniteLossError, PPOExt, RecurrentPPOExt
 from sb3_ppo_ext.reliability import (
     TEMPORARY_PREFIX,
     AtomicCheckpointCallback,
@@ -597,3 +598,200 @@ def test_clean_up_leaves_a_save_in_progress_in_another_pid_namespace(tmp_path: P
     assert child.returncode == 0, stderr
     assert (tmp_path / "theirs.bin").read_bytes() == b"their model" and (tmp_path / "ours.bin").read_bytes() == b"our model"
     assert _no_temporaries(tmp_path)
+
+
+# --- round 2: load() runs the constructor's checks; the one beta rule; saved settings checked ---------
+
+LSTM_TINY = dict(n_steps=32, batch_size=32, n_epochs=1, policy_kwargs=dict(net_arch=[8], lstm_hidden_size=8), device="cpu")
+FAMILY = {
+    "PPOExt": (PPOExt, "MlpPolicy", _pendulum, TINY),
+    "MaskablePPOExt": (MaskablePPOExt, "MlpPolicy", lambda: InvalidActionEnvDiscrete(dim=8, n_invalid_actions=2), TINY),
+    "RecurrentPPOExt": (RecurrentPPOExt, "MlpLstmPolicy", _pendulum, LSTM_TINY),
+}
+# Upstream algorithm (same family) of each class, for files saved by stock PPO / MaskablePPO / RecurrentPPO.
+UPSTREAM = {"PPOExt": PPO, "MaskablePPOExt": MaskablePPO, "RecurrentPPOExt": RecurrentPPO}
+BAD_LOAD_SETTINGS = [
+    dict(gamma=1.5),
+    dict(gae_lambda=-1),
+    dict(normalize_advantage="false"),
+    dict(n_epochs=0),
+    dict(n_steps=0),
+    dict(batch_size=1),
+    dict(learning_rate=-1.0),
+    dict(ent_coef=float("nan")),
+    dict(vf_coef="0.5"),
+    dict(max_grad_norm=float("nan")),
+    dict(target_kl=-0.1),
+    dict(clip_range=-0.2),
+    dict(kl_coef=-1.0),
+    dict(kl_coef_bounds=(1.0, 0.5)),
+    dict(kl_adapt_factor=1.0),
+]
+
+
+def _fresh(kwargs: dict) -> dict:
+    """A copy with a fresh policy_kwargs (SB3 algorithms add to it)."""
+    return {**kwargs, "policy_kwargs": dict(kwargs["policy_kwargs"])}
+
+
+def _new(name: str, **kwargs):
+    algorithm, policy, env, tiny = FAMILY[name]
+    return algorithm(policy, env(), **{**_fresh(tiny), **kwargs})
+
+
+@pytest.fixture(scope="module")
+def family_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Per class: its own file with the penalty off ("off"), fixed beta 1 ("fixed"), adapted beta ("adaptive"), and
+    a file of the upstream algorithm ("upstream")."""
+    folder = tmp_path_factory.mktemp("family")
+    files = {}
+    for name, (_, policy, env, tiny) in FAMILY.items():
+        for kind, kwargs in {"off": {}, "fixed": dict(kl_coef=1.0), "adaptive": dict(kl_coef=1.0, kl_target=10.0)}.items():
+            model = _new(name, seed=0, **kwargs)
+            if kind == "adaptive":
+                model.learn(32)
+                assert model.current_kl_coef == 0.5  # one update below the target halves beta
+            files[f"{name}/{kind}"] = folder / f"{name}-{kind}.zip"
+            model.save(files[f"{name}/{kind}"])
+        files[f"{name}/upstream"] = folder / f"{name}-upstream.zip"
+        UPSTREAM[name](policy, env(), **_fresh(tiny)).save(files[f"{name}/upstream"])
+    return files
+
+
+@pytest.mark.parametrize("name", list(FAMILY))
+@pytest.mark.parametrize("bad", BAD_LOAD_SETTINGS, ids=lambda bad: next(iter(bad)))
+def test_load_runs_the_constructors_checks(family_files: dict[str, Path], name: str, bad: dict):
+    """load(path, **kwargs) raises the constructor's own error for every setting the constructor checks."""
+    from sb3_ppo_ext.validation import InvalidSettingError
+
+    with pytest.raises(InvalidSettingError) as constructed:
+        _new(name, **bad)
+    with pytest.raises(InvalidSettingError) as loaded:
+        FAMILY[name][0].load(family_files[f"{name}/off"], device="cpu", **bad)
+    assert str(loaded.value) == str(constructed.value)
+    assert not isinstance(loaded.value, ModelFileError)  # the keyword argument is to blame, not the file
+
+
+def test_load_checks_n_steps_times_n_envs_like_ppos_constructor(family_files: dict[str, Path]):
+    with pytest.raises(AssertionError, match=r"n_steps \* n_envs"):
+        PPOExt.load(family_files["PPOExt/off"], env=_pendulum(), n_steps=1)
+    assert PPOExt.load(family_files["PPOExt/off"], n_steps=1).n_steps == 1  # no env: nothing to multiply
+
+
+def _rewrite_data(source: Path, target: Path, **changes) -> Path:
+    """A copy of the model file ``source`` whose saved attributes ``changes`` are replaced (in its ``data`` JSON)."""
+    with zipfile.ZipFile(source) as original, zipfile.ZipFile(target, "w") as copy:
+        for info in original.infolist():
+            content = original.read(info.filename)
+            if info.filename == "data":
+                content = json.dumps({**json.loads(content), **changes}).encode()
+            copy.writestr(info, content)
+    return target
+
+
+@pytest.mark.parametrize("name", list(FAMILY))
+@pytest.mark.parametrize(
+    "saved, message",
+    [
+        (dict(current_kl_coef=float("nan")), r"current_kl_coef=nan is invalid: expected a finite number >= 0"),
+        (dict(current_kl_coef="0.5"), r"current_kl_coef='0\.5' is invalid"),
+        (dict(current_kl_coef=None), r"current_kl_coef=None is invalid"),
+        (dict(current_kl_coef=-5), r"current_kl_coef=-5 is invalid"),
+        (dict(current_kl_coef=1e5), r"current_kl_coef=100000\.0 \(the adaptive beta carried on\) is invalid: .*_bounds"),
+        (dict(gamma=1.5), r"gamma=1\.5 is invalid"),
+        (dict(n_epochs=0), r"n_epochs=0 is invalid"),
+        (dict(normalize_advantage=True, batch_size=1), r"batch_size=1 is invalid with normalize_advantage=True"),
+    ],
+    ids=lambda value: str(value)[:40],
+)
+def test_bad_saved_settings_are_model_file_errors_naming_the_file(
+    family_files: dict[str, Path], tmp_path: Path, name: str, saved: dict, message: str
+):
+    """A file whose saved live beta (or another saved setting) is invalid does not load (a NaN beta turned the penalty off)."""
+    broken = _rewrite_data(family_files[f"{name}/adaptive"], tmp_path / "broken.zip", **saved)
+    where = rf"{name}\.load: model file {re.escape(str(broken))}"
+    with pytest.raises(ModelFileError, match=rf"{where} holds an invalid setting: {message}"):
+        FAMILY[name][0].load(broken, device="cpu")
+
+
+def test_a_bad_saved_setting_mended_at_load_loads(family_files: dict[str, Path], tmp_path: Path):
+    broken = _rewrite_data(family_files["PPOExt/off"], tmp_path / "broken.zip", gamma=1.5)
+    assert PPOExt.load(broken, device="cpu", gamma=0.9).gamma == 0.9
+
+
+def _beta_used(model) -> float:
+    """The beta of one update: ``train/kl_coef`` as logged (and the live beta after it, for a fixed beta)."""
+    model.set_logger(configure(None, []))
+    model.learn(32, reset_num_timesteps=False)
+    return model.logger.name_to_value["train/kl_coef"]
+
+
+@pytest.mark.parametrize("name", list(FAMILY))
+@pytest.mark.parametrize("saved", ["off", "upstream"])
+def test_a_penalty_switched_on_at_load_starts_at_the_given_kl_coef(family_files: dict[str, Path], name: str, saved: str):
+    algorithm, _, env, _ = FAMILY[name]
+    model = algorithm.load(family_files[f"{name}/{saved}"], env=env(), device="cpu", kl_coef=0.5)
+    assert model.current_kl_coef == 0.5 and _beta_used(model) == 0.5 and model.current_kl_coef == 0.5
+    adaptive = algorithm.load(family_files[f"{name}/{saved}"], env=env(), device="cpu", kl_coef=0.5, kl_target=10.0)
+    assert adaptive.current_kl_coef == 0.5 and _beta_used(adaptive) == 0.5 and adaptive.current_kl_coef == 0.25
+
+
+@pytest.mark.parametrize("name", list(FAMILY))
+def test_a_fixed_beta_is_the_configured_kl_coef(family_files: dict[str, Path], name: str):
+    algorithm, _, env, _ = FAMILY[name]
+    model = algorithm.load(family_files[f"{name}/fixed"], env=env(), device="cpu", kl_coef=0.1)
+    assert model.current_kl_coef == 0.1 and _beta_used(model) == 0.1
+    # an adaptive file made fixed: its beta is kl_coef (the configured value), not the adapted one
+    fixed = algorithm.load(family_files[f"{name}/adaptive"], env=env(), device="cpu", kl_target=None)
+    assert fixed.current_kl_coef == 1.0 and _beta_used(fixed) == 1.0
+
+
+@pytest.mark.parametrize("name", list(FAMILY))
+def test_an_adaptive_beta_carries_on_unless_kl_coef_is_changed_at_load(family_files: dict[str, Path], name: str):
+    algorithm, _, env, _ = FAMILY[name]
+    path = family_files[f"{name}/adaptive"]
+    assert algorithm.load(path, device="cpu").current_kl_coef == 0.5
+    # the saved kl_coef given again (as rl-zoo3's -i passes the yml's): the adapted beta carries on
+    again = algorithm.load(path, env=env(), device="cpu", kl_coef=1.0, kl_target=10.0)
+    assert again.current_kl_coef == 0.5 and _beta_used(again) == 0.5
+    restarted = algorithm.load(path, env=env(), device="cpu", kl_coef=0.2)
+    assert restarted.current_kl_coef == 0.2 and _beta_used(restarted) == 0.2
+    assert algorithm.load(path, device="cpu", current_kl_coef=0.3).current_kl_coef == 0.3  # the live beta set directly
+    with pytest.raises(ValueError, match=r"current_kl_coef=0\.5 \(the adaptive beta carried on\) is invalid: .*\(0\.9, 2"):
+        algorithm.load(path, device="cpu", kl_coef_bounds=(0.9, 2.0))
+
+
+def test_parameter_scheduler_sets_the_beta_of_a_fixed_penalty_and_refuses_an_adaptive_one():
+    from sb3_ppo_ext.callbacks import ParameterScheduler
+
+    model = PPOExt("MlpPolicy", _pendulum(), kl_coef=1.0, **TINY)
+    model.set_logger(configure(None, []))
+    model.learn(64, callback=ParameterScheduler({"kl_coef": {"kind": "constant", "value": 0.25}}))
+    assert model.logger.name_to_value["train/kl_coef"] == 0.25 and model.current_kl_coef == 0.25
+    adaptive = PPOExt("MlpPolicy", _pendulum(), kl_coef=1.0, kl_target=0.01, **TINY)
+    with pytest.raises(ValueError, match=r"schedules\['kl_coef'\] is invalid with kl_target=0\.01: .*schedule kl_target"):
+        adaptive.learn(64, callback=ParameterScheduler({"kl_coef": {"kind": "constant", "value": 0.25}}))
+
+
+@pytest.mark.parametrize(
+    "algorithm, policy, observations, message",
+    [
+        (RecurrentPPOExt, "MlpLstmPolicy", "dict", r"`MultiInputLstmPolicy` when working with a Dict .*not MlpLstmPolicy"),
+        (RecurrentPPOExt, "CnnLstmPolicy", "dict", r"You must use `MultiInputLstmPolicy` .*not CnnLstmPolicy"),
+        (
+            RecurrentPPOExt,
+            "MultiInputLstmPolicy",
+            "box",
+            r"You must use `MlpLstmPolicy` or `CnnLstmPolicy` when working with a Box .*not MultiInputLstmPolicy",
+        ),
+        (PPOExt, "MlpPolicy", "dict", r"You must use `MultiInputPolicy` when working with dict observation space"),  # SB3's
+        (PPOExt, "MultiInputPolicy", "box", r"You must use `MlpPolicy` or `CnnPolicy` when working with a Box"),
+        (MaskablePPOExt, "MlpPolicy", "dict", r"You must use `MultiInputPolicy` when working with dict observation space"),
+    ],
+)
+def test_a_policy_that_cannot_read_the_observations_is_an_error_at_construction(algorithm, policy, observations, message):
+    from stable_baselines3.common.envs import SimpleMultiObsEnv
+
+    env = SimpleMultiObsEnv() if observations == "dict" else gym.make("CartPole-v1")
+    with pytest.raises(ValueError, match=message):
+        algorithm(policy, env, n_steps=16, batch_size=16, device="cpu")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -47,6 +48,34 @@ ENTRY_ERRORS = [
     ({"seed": 1}, r"'seed' is set by rl-zoo3 itself"),
     ({"kl_targt": 0.1}, r"unknown key 'kl_targt' \(did you mean 'kl_target'\?\)"),
 ]
+
+
+# RecurrentPPOExt's LSTM policy_kwargs, and log_std_init, judged by the policies' own checks (validation.POLICY_KWARG_CHECKS).
+LSTM_POLICY_KWARG_ERRORS = [
+    ({"lstm_hidden_size": 0}, r"policy_kwargs\.lstm_hidden_size=0 is invalid: expected an int >= 1"),
+    ({"n_lstm_layers": 0}, r"policy_kwargs\.n_lstm_layers=0 is invalid: expected an int >= 1"),
+    ({"shared_lstm": True}, r"policy_kwargs\.shared_lstm=True is invalid with policy_kwargs\.enable_critic_lstm=True"),
+    (
+        {"shared_lstm": True, "enable_critic_lstm": False, "share_features_extractor": False},
+        r"policy_kwargs\.shared_lstm=True is invalid with policy_kwargs\.share_features_extractor=False",
+    ),
+    ({"lstm_kwargs": {"dropout": 1.5}}, r"policy_kwargs\.lstm_kwargs\.dropout=1\.5 is invalid: .*>= 0\.0 and <= 1\.0"),
+    ({"lstm_kwargs": {"dropout": -0.1}}, r"policy_kwargs\.lstm_kwargs\.dropout=-0\.1 is invalid"),
+    ({"log_std_init": float("nan")}, r"policy_kwargs\.log_std_init=nan is invalid: expected a finite number"),
+    ({"log_std_init": float("inf")}, r"policy_kwargs\.log_std_init=inf is invalid: expected a finite number"),
+]
+
+
+@pytest.mark.parametrize("policy_kwargs, message", LSTM_POLICY_KWARG_ERRORS)
+def test_lstm_policy_kwargs_are_checked_by_the_settings_and_at_construction(policy_kwargs, message):
+    from sb3_ppo_ext import RecurrentPPOExt
+
+    with pytest.raises(SettingsError, match=rf"^x\.yml \(entry 'E'\): {message}"):
+        check_entry({"policy": "MlpLstmPolicy", "policy_kwargs": policy_kwargs}, "x.yml (entry 'E')", "ppo_lstm_ext")
+    with pytest.raises(InvalidSettingError, match=rf"^{message}"):
+        RecurrentPPOExt("MlpLstmPolicy", "Pendulum-v1", n_steps=16, batch_size=16, policy_kwargs=policy_kwargs, device="cpu")
+    valid = {"shared_lstm": True, "enable_critic_lstm": False, "lstm_kwargs": {"dropout": 0.0}, "lstm_hidden_size": 4}
+    assert entry_problems({"policy": "MlpLstmPolicy", "policy_kwargs": valid}, "ppo_lstm_ext") == []
 
 
 @pytest.mark.parametrize("entry, message", ENTRY_ERRORS)
@@ -177,3 +206,52 @@ def test_zoo_route_reports_bad_settings_without_traceback_or_folder(tmp_path: Pa
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1].startswith("error: ")
     assert not (tmp_path / "logs").exists(), sorted(str(p) for p in (tmp_path / "logs").rglob("*"))
+
+
+@pytest.mark.integration
+def test_zoo_entry_without_n_timesteps_is_a_settings_error_unless_n_is_given(tmp_path: Path):
+    """rl-zoo3 itself ends in KeyError: 'n_timesteps' (even with -n, when it deletes the key)."""
+    (tmp_path / "conf.yml").write_text(
+        yaml.safe_dump({"Pendulum-v1": {"policy": "MlpPolicy", "n_envs": 1, "n_steps": 32, "batch_size": 32, "n_epochs": 1}})
+    )
+    command = [sys.executable, "-m", "rl_zoo3.train", "--algo", "ppo_ext", "--env", "Pendulum-v1", "--eval-freq", "-1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = functools.partial(subprocess.run, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    result = run([*command, "--conf-file", "conf.yml"])
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: invalid ppo_ext hyperparameters in conf.yml (entry 'Pendulum-v1'): 'n_timesteps' is missing: "
+        "give the entry a training budget (n_timesteps: 1.0e5) or pass -n"
+    )
+    assert not (tmp_path / "logs").exists()
+    result = run([*command, "--conf-file", "conf.yml", "-n", "32"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "logs" / "ppo_ext" / "Pendulum-v1_1" / "Pendulum-v1.zip").is_file()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "saved, params, beta",
+    [
+        ({}, "kl_coef:0.5", 0.5),  # the penalty switched on by -params
+        (dict(kl_coef=1.0), "kl_coef:0.1", 0.1),  # a fixed beta is kl_coef
+        (dict(kl_coef=1.0, kl_target=10.0), "kl_coef:1.0 kl_target:10.0", 0.25),  # adapted 0.5 carried on, halved again
+        (dict(kl_coef=1.0, kl_target=10.0), "kl_coef:0.8 kl_target:10.0", 0.4),  # a new kl_coef restarts beta
+    ],
+)
+def test_zoo_continue_with_i_uses_the_beta_rule(tmp_path: Path, saved: dict, params: str, beta: float):
+    """rl-zoo3's -i passes every setting (kl_coef included) to load: the beta that trains follows the one beta rule."""
+    from sb3_ppo_ext import PPOExt
+
+    model = PPOExt("MlpPolicy", "Pendulum-v1", n_steps=32, batch_size=32, n_epochs=1, device="cpu", seed=0, **saved)
+    if "kl_target" in saved:
+        model.learn(32)
+        assert model.current_kl_coef == 0.5
+    model.save(tmp_path / "start.zip")
+    entry = {"policy": "MlpPolicy", "n_timesteps": 32, "n_envs": 1, "n_steps": 32, "batch_size": 32}
+    (tmp_path / "conf.yml").write_text(yaml.safe_dump({"Pendulum-v1": entry}))
+    options = ["--env", "Pendulum-v1", "--conf-file", "conf.yml", "-n", "32", "-i", "start.zip", "-params", *params.split()]
+    result = _zoo(tmp_path, *options)
+    assert result.returncode == 0, result.stderr[-3000:]
+    continued = PPOExt.load(tmp_path / "logs" / "ppo_ext" / "Pendulum-v1_1" / "Pendulum-v1.zip", device="cpu")
+    assert continued.current_kl_coef == beta
