@@ -263,3 +263,17 @@ def test_an_env_without_masks_is_a_one_line_error_before_anything_runs(tmp_path:
     assert "error: --algo ppo_mask_ext needs action masks, but the env CartPole-v1 provides no action_masks()" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "logs" / "ppo_mask_ext").exists()  # no run folder left
+
+
+def test_test_envs_get_masks_only_for_the_masked_algorithm(monkeypatch: pytest.MonkeyPatch):
+    """rl-zoo3's create_test_env (enjoy, record_video): wrapped for --algo ppo_mask_ext, untouched for ppo and ppo_ext."""
+    import rl_zoo3
+
+    from sb3_ppo_ext import zoo
+
+    zoo.register()
+    for algo, wrapped in (("ppo", False), ("ppo_ext", False), ("ppo_mask_ext", True)):
+        monkeypatch.setattr(sys, "argv", ["enjoy", "--algo", algo, "--env", ONE_VALID])
+        env = rl_zoo3.create_test_env(ONE_VALID, n_envs=1, hyperparams={})
+        assert isinstance(env, MaskedObservations) is wrapped, algo
+        env.close()
