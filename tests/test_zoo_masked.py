@@ -277,3 +277,38 @@ def test_test_envs_get_masks_only_for_the_masked_algorithm(monkeypatch: pytest.M
         env = rl_zoo3.create_test_env(ONE_VALID, n_envs=1, hyperparams={})
         assert isinstance(env, MaskedObservations) is wrapped, algo
         env.close()
+
+
+@pytest.mark.integration
+def test_the_suites_callbacks_for_masked_models_work_through_the_zoo(tmp_path: Path):
+    """KLAdaptiveLR, ParameterScheduler and TrainingHealthGuard from a --conf-file entry of ppo_mask_ext."""
+    import yaml
+
+    conf = tmp_path / "masked.yml"
+    entry = {
+        "n_envs": 1,
+        "n_timesteps": 256,
+        "policy": "MlpPolicy",
+        "n_steps": 64,
+        "batch_size": 32,
+        "kl_coef": 0.5,
+        "kl_target": 0.01,
+        "callback": [
+            {"sb3_ppo_ext.callbacks.KLAdaptiveLR": {"target_kl": 0.01}},
+            {
+                "sb3_ppo_ext.callbacks.ParameterScheduler": {
+                    "schedules": {"ent_coef": {"kind": "linear", "start": 0.01, "end": 0.0}}
+                }
+            },
+            {"sb3_ppo_ext.callbacks.TrainingHealthGuard": {"responses": {"kl": "warn"}}},
+        ],
+    }
+    conf.write_text(yaml.safe_dump({ONE_VALID: entry}))
+    args = ["--env", ONE_VALID, "--gym-packages", "masked_zoo_envs", "--conf-file", str(conf), "-f", "logs"]
+    result = _zoo(
+        "train", [*args, "--eval-freq", "128", "--eval-episodes", "2", "--num-threads", "1", "--seed", "0"], tmp_path
+    )
+    assert set(_evaluations(result.stdout)) == {20.0}
+    model = MaskablePPOExt.load(tmp_path / "logs" / "ppo_mask_ext" / f"{ONE_VALID}_1" / f"{ONE_VALID}.zip")
+    assert model.ent_coef == 0.0  # the schedule ran to its end
+    assert model.num_timesteps == 256
