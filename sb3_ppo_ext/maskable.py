@@ -18,6 +18,7 @@ from stable_baselines3.common.utils import is_vectorized_observation
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppo_ext.engine import ExtUpdateEngine, checked_arguments, flat_observations, flat_rollout, index_observations
+from sb3_ppo_ext.envs import masks_of, without_masks
 
 SelfMaskablePPOExt = TypeVar("SelfMaskablePPOExt", bound="MaskablePPOExt")
 
@@ -291,15 +292,22 @@ class MaskablePPOExt(ExtUpdateEngine, MaskablePPO):
     ) -> tuple[np.ndarray, tuple[np.ndarray, ...] | None]:
         """
         Upstream's ``predict``, with a ``ValueError`` for ``action_masks`` that do not fit the
-        action space and the number of observations.
+        action space and the number of observations. Without ``action_masks``, the masks that
+        ``observation`` carries are used: observations from :class:`sb3_ppo_ext.envs.MaskedObservations`
+        carry those of their states, so loops that pass no masks (SB3's ``evaluate_policy``,
+        rl-zoo3's evaluation and ``enjoy``) act with them.
 
         :param observation: the input observation
         :param state: The last hidden states (unused: the policy is not recurrent)
         :param episode_start: The last episode starts (unused)
         :param deterministic: Whether or not to return deterministic actions.
-        :param action_masks: the actions' masks, one per observation (``None``: no masking)
+        :param action_masks: the actions' masks, one per observation (``None``: the masks the
+            observation carries, if any, else no masking)
         :return: the model's action and the next hidden state
         """
+        if action_masks is None:
+            action_masks = masks_of(observation)
+        observation = without_masks(observation)
         if action_masks is not None:
             # SB3's own test (the one predict applies), without converting the observation to a tensor.
             vectorized = is_vectorized_observation(observation, self.observation_space)

@@ -331,6 +331,22 @@ def convert_recurrent_zoo_params(params: dict[str, Any]) -> dict[str, Any]:
     return sample_recurrent_zoo_form(optuna.trial.FixedTrial(params), continuous="squash" in params)
 
 
+def sample_maskable_zoo_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
+    """
+    rl-zoo3's ``HYPERPARAMS_SAMPLER["ppo_mask_ext"]``: PPOExt's space for discrete actions (rollout,
+    optimizer, objective with the KL penalty between masked distributions, value clipping, network);
+    MaskablePPO's action spaces are discrete, so there is no action head to sample.
+    """
+    return to_algorithm_kwargs(sample_zoo_form(trial, continuous=False))
+
+
+def convert_maskable_zoo_params(params: dict[str, Any]) -> dict[str, Any]:
+    """rl-zoo3's ``HYPERPARAMS_CONVERTER["ppo_mask_ext"]``: the sampler replayed on the trial's params."""
+    import optuna
+
+    return sample_zoo_form(optuna.trial.FixedTrial(params), continuous=False)
+
+
 def sample_zoo_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
     """rl-zoo3's ``HYPERPARAMS_SAMPLER["ppo_ext"]`` (``n_actions`` is 0 unless the action space is Box)."""
     return sample_ppo_ext_params(trial, continuous=n_actions > 0)
@@ -357,11 +373,13 @@ __all__ = [
     "TARGET_KLS",
     "StorageError",
     "activation_class",
+    "convert_maskable_zoo_params",
     "convert_recurrent_zoo_params",
     "convert_zoo_params",
     "make_storage",
     "params_from_zoo_entry",
     "ppo_ext_kwargs_from_params",
+    "sample_maskable_zoo_params",
     "sample_ppo_ext_params",
     "sample_recurrent_zoo_form",
     "sample_recurrent_zoo_params",

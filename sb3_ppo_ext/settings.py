@@ -61,6 +61,8 @@ class AlgorithmSpec:
     :param check_arguments: ``"module:callable"``, the algorithm's argument check, called with the
         entry's values (over the class's defaults) for the names it takes; it raises
         :class:`~sb3_ppo_ext.validation.InvalidSettingError`. Default: PPOExt's, which the PPO family shares.
+    :param masked: whether the algorithm needs action masks (the env must provide ``action_masks()``;
+        rl-zoo3's evaluation and ``enjoy`` then pass the masks to ``predict``)
     """
 
     name: str
@@ -69,6 +71,7 @@ class AlgorithmSpec:
     sampler: str | None = None
     converter: str | None = None
     check_arguments: str | None = "sb3_ppo_ext.ppo_ext:PPOExt._check_arguments"
+    masked: bool = False
 
     def algorithm_class(self) -> type:
         """The algorithm class."""
@@ -102,6 +105,14 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             HYPERPARAMS_DIR / "ppo_lstm_ext.yml",
             sampler="sb3_ppo_ext.samplers:sample_recurrent_zoo_params",
             converter="sb3_ppo_ext.samplers:convert_recurrent_zoo_params",
+        ),
+        AlgorithmSpec(
+            "ppo_mask_ext",
+            "sb3_ppo_ext.maskable:MaskablePPOExt",
+            HYPERPARAMS_DIR / "ppo_mask_ext.yml",
+            sampler="sb3_ppo_ext.samplers:sample_maskable_zoo_params",
+            converter="sb3_ppo_ext.samplers:convert_maskable_zoo_params",
+            masked=True,
         ),
     )
 }

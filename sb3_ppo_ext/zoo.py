@@ -175,9 +175,39 @@ def _command_line_algo(namespace: Any) -> str | None:
     return algo if algo is not None else getattr(namespace, "algo", None)
 
 
+def is_masked(algo: str | None) -> bool:
+    """Whether ``algo`` is one of this package's algorithms that need action masks (``ppo_mask_ext``)."""
+    return is_ours(algo) and settings.ALGORITHMS[algo].masked  # type: ignore[index]
+
+
+def masked_env(env: Any, algo: str, env_id: str, evaluation: bool) -> Any:
+    """
+    The VecEnv a masked algorithm trains or is evaluated on: ``env`` itself for training (the
+    algorithm reads the masks while collecting), and :class:`sb3_ppo_ext.envs.MaskedObservations`
+    around it for evaluation and ``enjoy``, whose loops call ``predict(obs)`` without masks.
+
+    :raises ZooConfigError: when the env provides no ``action_masks()``
+    """
+    from sb3_contrib.common.maskable.utils import is_masking_supported
+
+    from sb3_ppo_ext.envs import MaskedObservations
+
+    if not is_masking_supported(env):
+        raise ZooConfigError(
+            f"--algo {algo} needs action masks, but the env {env_id} provides no action_masks(): give it a wrapper that "
+            "does in the entry's env_wrapper (sb3_ppo_ext.envs.ActionMaskFromInfo for an env that reports its mask in "
+            "info['action_mask'], as Taxi-v4 does; sb3_contrib.common.wrappers.ActionMasker for a mask function)"
+        )
+    return MaskedObservations(env) if evaluation else env
+
+
 def _register_algo(utils: ModuleType) -> None:
+    from sb3_ppo_ext.envs import register_envs
+
+    register_envs()  # sb3-contrib's masked test envs as --env ids (new ids only)
     for name, spec in settings.ALGORITHMS.items():
         utils.ALGOS.setdefault(name, spec.algorithm_class())
+    _patch_create_test_env(utils)
     store_dict = utils.StoreDict
     if getattr(store_dict.__call__, _PATCHED, False):
         return
@@ -198,6 +228,22 @@ def _register_algo(utils: ModuleType) -> None:
 
     setattr(__call__, _PATCHED, True)
     store_dict.__call__ = __call__
+
+
+def _patch_create_test_env(utils: ModuleType) -> None:
+    """``enjoy`` / ``record_video`` with a masked algorithm: the test env's observations carry their masks."""
+    original = utils.create_test_env
+    if getattr(original, _PATCHED, False):
+        return
+
+    @functools.wraps(original)
+    def create_test_env(env_id, *args, **kwargs):
+        env = original(env_id, *args, **kwargs)
+        algo = _command_line_algo(None)
+        return masked_env(env, algo, env_id, evaluation=True) if is_masked(algo) else env
+
+    setattr(create_test_env, _PATCHED, True)
+    utils.create_test_env = create_test_env
 
 
 # --- rl_zoo3.hyperparams_opt -----------------------------------------------------------------
@@ -222,6 +268,7 @@ def _patch_experiment_manager(exp_manager: ModuleType) -> None:
     original_setup = manager_class.setup_experiment
     original_optimization = manager_class.hyperparameters_optimization
     original_load_trial = manager_class.load_trial
+    original_create_envs = manager_class.create_envs
     init_signature = inspect.signature(original_init)
 
     @functools.wraps(original_init)
@@ -250,6 +297,13 @@ def _patch_experiment_manager(exp_manager: ModuleType) -> None:
             if not log_existed:
                 _remove_empty_folder(self.log_path)
             raise
+
+    @functools.wraps(original_create_envs)
+    def create_envs(self, n_envs, eval_env=False, no_log=False):
+        env = original_create_envs(self, n_envs, eval_env=eval_env, no_log=no_log)
+        if not is_masked(self.algo):
+            return env
+        return masked_env(env, self.algo, self.env_name.gym_id, evaluation=eval_env)
 
     @functools.wraps(original_load_trial)
     def load_trial(self, storage, *args, **kwargs):
@@ -280,6 +334,7 @@ def _patch_experiment_manager(exp_manager: ModuleType) -> None:
     manager_class.setup_experiment = setup_experiment
     manager_class.hyperparameters_optimization = hyperparameters_optimization
     manager_class.load_trial = load_trial
+    manager_class.create_envs = create_envs
     _patch_checkpoints_and_resume(manager_class)
     setattr(manager_class, _PATCHED, True)
     if not getattr(sys.excepthook, _PATCHED, False):

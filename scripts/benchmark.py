@@ -108,7 +108,18 @@ ALGOS: dict[str, tuple[str, dict[str, Any], str]] = {
         {},
         "PPOExt, a candidate entry (--candidate FILE: a tuning study's best trial) instead of the shipped one",
     ),
+    # Masked tasks: stock PPO at the shipped ppo_mask_ext.yml entry's settings (it never sees the masks),
+    # MaskablePPOExt as shipped, and with the adaptive KL penalty between masked distributions instead of clipping.
+    "ppo_unmasked": ("ppo", {}, "stock SB3 PPO (no masks), the shipped ppo_mask_ext.yml entry's settings"),
+    "ppo_mask_ext": ("ppo_mask_ext", {}, "MaskablePPOExt, the shipped ppo_mask_ext.yml entry as it is"),
+    "ppo_mask_ext_kl": (
+        "ppo_mask_ext",
+        {"clip_range": None, "kl_coef": 1.0, "kl_target": 0.01},
+        "MaskablePPOExt, adaptive KL penalty (clip_range: None, kl_coef: 1.0, kl_target: 0.01)",
+    ),
 }
+# Algorithms of rl-zoo3 trained with the settings of a yml shipped here (by the --algo whose file it is).
+SHIPPED_SETTINGS = {"ppo_unmasked": "ppo_mask_ext"}
 # Settings of the squashed head alone, left out when a variant turns the head off (a tuned entry
 # may set them; PPOExt raises for them on a Gaussian head, whose entropy has a closed form).
 SQUASHED_HEAD_ONLY = ("entropy_estimator",)
@@ -140,6 +151,8 @@ class EnvBudget:
 MUJOCO_1M_HOPPER = ("ppo", "trpo", "ppo_ext_clip", "ppo_ext_kl", "ppo_ext_tanh")
 MUJOCO_1M_WALKER = ("ppo", "trpo", "ppo_ext_clip")
 
+MASKED = ("ppo_unmasked", "ppo_mask_ext", "ppo_mask_ext_kl")
+
 # The first suite (300k steps, issue 5) on a 2-core machine; "pendulum" is its first row alone.
 SUITE_300K = ("ppo", "ppo_ext_clip", "ppo_ext_kl", "ppo_ext_gauss")
 SUITES: dict[str, list[EnvBudget]] = {
@@ -157,6 +170,12 @@ SUITES: dict[str, list[EnvBudget]] = {
     # A tuned entry earns its place on fresh seeds: the Hopper-v5 study's best trial against the shipped
     # entry at 1M steps, on seeds 100-104 (the study's workers seeded their envs with seeds below 20).
     "tuned-1m": [EnvBudget("Hopper-v5", 1_000_000, 5, 20_000, (SHIPPED, CANDIDATE), first_seed=100)],
+    # Masking through the zoo (--algo ppo_mask_ext): evaluations of MaskablePPOExt are masked
+    # (sb3_ppo_ext.envs.MaskedObservations), stock PPO's are its own greedy actions.
+    "masked": [
+        EnvBudget("Taxi-v4", 200_000, 5, 20_000, MASKED),
+        EnvBudget("InvalidActionEnvDiscrete-v0", 20_000, 5, 2_000, MASKED),
+    ],
 }
 # The candidate file a suite validates, relative to the repository (--candidate replaces it).
 SUITE_CANDIDATES = {"tuned-1m": "docs/benchmarks/study/candidates.yml"}
@@ -247,14 +266,15 @@ def expected_hyperparams(spec: RunSpec) -> dict[str, str] | None:
     marker's form; ``None`` when they cannot be determined up front (then only the budget counts).
     """
     zoo_algo, overrides, _ = ALGOS[spec.algo]
-    if zoo_algo in ZOO_OWN:
+    if zoo_algo in ZOO_OWN and spec.algo not in SHIPPED_SETTINGS:
         entry, _ = _zoo_entry(zoo_algo, spec.env)
     elif spec.algo == CANDIDATE:
         entry = candidate_entry(spec.candidate, spec.env)
     else:
-        from sb3_ppo_ext.hyperparams import load_hyperparams
+        from sb3_ppo_ext import settings
 
-        entry = load_hyperparams(spec.env)
+        algo = SHIPPED_SETTINGS.get(spec.algo, zoo_algo)
+        entry = settings.load_hyperparams(spec.env, settings.ALGORITHMS[algo].hyperparams, algo)
     if entry is None:
         return None
     return _comparable({key: repr(value) for key, value in {**entry, **_zoo_overrides(spec.env, overrides)}.items()})
@@ -747,12 +767,17 @@ def _run_locked(spec: RunSpec) -> dict[str, Any]:
         print(f"=== segment on {spec.machine or default_machine()}: {why}", flush=True)
         zoo.register()  # idempotent; the startup hook normally did it already
         zoo_algo, overrides, description = ALGOS[spec.algo]
-        if zoo_algo in ZOO_OWN:
+        if spec.algo in SHIPPED_SETTINGS:
+            from sb3_ppo_ext.settings import ALGORITHMS
+
+            yml = ALGORITHMS[SHIPPED_SETTINGS[spec.algo]].hyperparams
+            config, source = str(yml), f"sb3_ppo_ext/hyperparams/{yml.name}: {spec.env}"
+        elif zoo_algo in ZOO_OWN:
             config, source = _zoo_config(zoo_algo, spec.env, folder)
         elif spec.algo == CANDIDATE:
             config, source = spec.candidate, f"{shown_path(spec.candidate)}: {spec.env} (candidate entry)"
         else:
-            config, source = None, f"sb3_ppo_ext/hyperparams/ppo_ext.yml: {spec.env}"
+            config, source = None, f"sb3_ppo_ext/hyperparams/{zoo_algo}.yml: {spec.env}"
         overrides = _zoo_overrides(spec.env, overrides)
         set_random_seed(spec.seed)  # as rl_zoo3.train does before building the manager
         manager = ExperimentManager(

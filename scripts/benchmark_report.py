@@ -67,8 +67,19 @@ STOCK = "ppo"
 REPO = Path(__file__).resolve().parents[1]  # the checkout whose git history names the runs' commits
 GPU_NOTE = Path("docs/benchmarks/gpu/note.md")  # what scripts/gpu_check.py --device cuda found, written by hand
 TRPO = "trpo"
+# Stock PPO on the masked tasks (suite masked): the shipped ppo_mask_ext.yml settings, no masks.
+UNMASKED = "ppo_unmasked"
 # The references every other algorithm (a PPOExt variant) is compared with.
 BASELINES = (STOCK, TRPO)
+# Further (variant, reference) pairs compared when both ran: a candidate entry against the shipped
+# one; on the masked tasks each masked variant against stock PPO without masks, and the KL penalty
+# against the clipped objective.
+VARIANT_PAIRS = (
+    (CANDIDATE, SHIPPED),
+    ("ppo_mask_ext", UNMASKED),
+    ("ppo_mask_ext_kl", UNMASKED),
+    ("ppo_mask_ext_kl", "ppo_mask_ext"),
+)
 CONFIDENCE = 0.95
 N_RESAMPLES = 10_000  # the learning curves' bands (scipy)
 # rliable's bootstrap resamples: its README's 50 000 for aggregate metrics would cost minutes here for
@@ -85,6 +96,8 @@ DATA_FOLDERS = {"issue": "docs/benchmarks/data", "mujoco-1m": "docs/benchmarks/d
 GOAL_1M_SUITES = ("mujoco-1m",)
 # Suites that validate a candidate entry against the shipped one (judged by validation_section).
 VALIDATION_SUITES = ("tuned-1m",)
+# Suites of masked tasks (judged by masked_targets_section: masked against unmasked).
+MASKED_SUITES = ("masked",)
 # Returns that mean "has learned the task": for Pendulum (no official threshold) a common choice,
 # LunarLander's official one. Hopper's 1000 turned out to be the level of the alive bonus (about 1 per step for 1000
 # steps), which a policy reaches by balancing in place: read it as "stays up", not as locomotion. HalfCheetah's is provisional.
@@ -426,9 +439,14 @@ def improvements(summaries: list[Summary]) -> dict[tuple[str, str], tuple[float,
     candidate entry over the shipped entry when both ran, by ``(variant, baseline)``.
     """
     finals = {s.algo: s.finals for s in summaries}
-    pairs = [(algo, baseline) for algo in finals if algo not in BASELINES for baseline in BASELINES if baseline in finals]
-    if CANDIDATE in finals and SHIPPED in finals:
-        pairs.append((CANDIDATE, SHIPPED))
+    pairs = [
+        (algo, baseline)
+        for algo in finals
+        if algo not in (*BASELINES, UNMASKED)
+        for baseline in BASELINES
+        if baseline in finals
+    ]
+    pairs += [(algo, reference) for algo, reference in VARIANT_PAIRS if algo in finals and reference in finals]
     return {(algo, baseline): improvement_probability(finals[algo], finals[baseline]) for algo, baseline in pairs}
 
 
@@ -907,6 +925,38 @@ def targets_1m_section(
     return lines
 
 
+def masked_targets_section(
+    suite: str,
+    summaries: dict[str, list[Summary]],
+    found: dict[str, dict[tuple[str, str], tuple[float, tuple[float, float]]]],
+    complete: dict[str, bool],
+) -> list[str]:
+    """
+    The masked suite's question, per env: does MaskablePPOExt through the zoo (masked training and
+    masked evaluation) beat stock PPO at the same settings without masks? Met when a masked variant's
+    IQM is higher and the CI of its probability of improvement lies above 0.5.
+
+    :param complete: by env, whether its runs cover the suite's budget
+    """
+    lines = ["| target | env | status | measured |", "|---|---|---|---|"]
+    for budget in SUITES[suite]:
+        env = budget.env
+        by_algo = {s.algo: s for s in summaries.get(env, [])}
+        masked = [s for algo, s in by_algo.items() if algo != UNMASKED]
+        if UNMASKED not in by_algo or not masked:
+            lines.append(f"| a masked variant above unmasked stock PPO | {env} | not measured yet | — |")
+            continue
+        stock, best = by_algo[UNMASKED], max(masked, key=lambda s: s.iqm)
+        probability, (low, high) = found[env][(best.algo, UNMASKED)]
+        above = best.iqm > stock.iqm and low > 0.5
+        status = ("met" if above else "**missed**") if complete.get(env) else "not measured yet (runs incomplete)"
+        lines.append(
+            f"| a masked variant above unmasked stock PPO | {env} (`{best.algo}`) | {status} | IQM {best.iqm:.1f} vs "
+            f"{stock.iqm:.1f} ({best.iqm - stock.iqm:+.1f}); P(improvement) {probability:.2f} [{low:.2f}, {high:.2f}] |"
+        )
+    return lines
+
+
 def validation_section(
     suite: str,
     summaries: dict[str, list[Summary]],
@@ -1275,6 +1325,8 @@ def _reproduce_section() -> list[str]:
         "python scripts/benchmark.py --suite mujoco-1m --out docs/benchmarks/data-1m --workers $(nproc)",
         "# a tuned entry on fresh seeds, beside the shipped one (the candidate: docs/benchmarks/study/candidates.yml):",
         "python scripts/benchmark.py --suite tuned-1m --out docs/benchmarks/data-tuned-1m --workers $(nproc)",
+        "# masked tasks through the zoo (--algo ppo_mask_ext against stock PPO without masks):",
+        "python scripts/benchmark.py --suite masked --out docs/benchmarks/data-masked --workers $(nproc)",
         "python scripts/throughput.py --env LunarLanderContinuous-v3 --n-envs 16 --n-steps 1024 --n-epochs 4 \\",
         "    --steps 16384 --repeats 12 --json docs/benchmarks/throughput.json",
         "python scripts/throughput.py --env MountainCarContinuous-v0 --n-envs 1 --n-steps 8 --batch-size 8 \\",
@@ -1286,11 +1338,12 @@ def _reproduce_section() -> list[str]:
         "# the report (the GPU check's text: docs/benchmarks/gpu/note.md); copies the issue suite's inputs",
         "# to docs/benchmarks/data:",
         "python scripts/benchmark_report.py --results issue=logs/benchmark --results mujoco-1m=docs/benchmarks/data-1m \\",
-        "    --results tuned-1m=docs/benchmarks/data-tuned-1m \\",
+        "    --results tuned-1m=docs/benchmarks/data-tuned-1m --results masked=docs/benchmarks/data-masked \\",
         "    --throughput docs/benchmarks/throughput*.json --notes docs/benchmarks/notes.md",
         "# or rebuild this report from the committed inputs alone:",
         "python scripts/benchmark_report.py --results issue=docs/benchmarks/data \\",
-        "    --results mujoco-1m=docs/benchmarks/data-1m --results tuned-1m=docs/benchmarks/data-tuned-1m --keep-data '' \\",
+        "    --results mujoco-1m=docs/benchmarks/data-1m --results tuned-1m=docs/benchmarks/data-tuned-1m \\",
+        "    --results masked=docs/benchmarks/data-masked --keep-data '' \\",
         "    --throughput docs/benchmarks/throughput*.json --notes docs/benchmarks/notes.md \\",
         "    --study sqlite:///docs/benchmarks/study/hopper-v5.db ppo_ext-hopper-500k",
         "```",
@@ -1353,6 +1406,8 @@ def build_report(
             table = targets_1m_section(suite.name, summaries[suite.name], found[suite.name], complete)
         elif suite.name in VALIDATION_SUITES:
             table = validation_section(suite.name, summaries[suite.name], found[suite.name], complete)
+        elif suite.name in MASKED_SUITES:
+            table = masked_targets_section(suite.name, summaries[suite.name], found[suite.name], complete)
         else:
             table = targets_section(suite.name, summaries[suite.name], ratios, identical_to_stock(suite.runs))
         lines += [f"### Suite `{suite.name}`", "", *table, ""]

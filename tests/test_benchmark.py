@@ -134,6 +134,9 @@ def test_run_with_changed_settings_is_not_finished(tmp_path, monkeypatch):
     tuned.write_text("Pendulum-v1:\n  policy: 'MlpPolicy'\n  n_envs: 8\n")
     monkeypatch.setattr(hp, "PPO_EXT_YML", tuned)
     monkeypatch.setattr(hp.load_hyperparams, "__defaults__", (tuned, *hp.load_hyperparams.__defaults__[1:]))
+    from sb3_ppo_ext import settings
+
+    monkeypatch.setitem(settings.ALGORITHMS, "ppo_ext", dataclasses.replace(settings.ALGORITHMS["ppo_ext"], hyperparams=tuned))
     assert benchmark.expected_hyperparams(spec)["n_envs"] == "8"
     assert not benchmark.is_finished(spec)
 

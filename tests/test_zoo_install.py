@@ -297,3 +297,20 @@ def test_console_script_with_the_bench_extra(tmp_path_factory: pytest.TempPathFa
     """A fresh venv with `pip install ".[bench]"` (rliable, Box2D, MuJoCo): its `rl_zoo3` console script works."""
     venv = build_venv(tmp_path_factory.mktemp("bench") / "venv", "[bench]")
     _console_script_commands(venv, workdir)
+
+
+def test_masked_algorithm_on_taxi_train_enjoy_continue_optimize(installed_venv: Venv, workdir: Path):
+    """--algo ppo_mask_ext on Taxi-v4 after `pip install .`: train, enjoy (both modes), -i and -optimize each exit 0."""
+    tiny = "-n 256 --num-threads 1 --seed 0 -params n_envs:1 n_steps:128 batch_size:64"
+    train = f"python -m rl_zoo3.train --algo ppo_mask_ext --env Taxi-v4 {tiny}"
+    result = check(run(installed_venv, f"{train} --eval-freq 128 --eval-episodes 2", workdir))
+    assert "ppo_mask_ext.yml" in result.stdout and "Eval num_timesteps=256" in result.stdout
+    model = workdir / "logs" / "ppo_mask_ext" / "Taxi-v4_1" / "Taxi-v4.zip"
+    assert model.is_file()
+    for mode in ("", "--stochastic"):
+        enjoy = f"python -m rl_zoo3.enjoy --algo ppo_mask_ext --env Taxi-v4 -f logs -n 250 --no-render {mode}"
+        assert "Mean reward" in check(run(installed_venv, enjoy, workdir)).stdout
+    check(run(installed_venv, f"{train} --eval-freq -1 -i {model}", workdir))
+    optimize = f"{train} -optimize --n-trials 2 --n-evaluations 1 --eval-episodes 2 --storage study.log --study-name taxi"
+    check(run(installed_venv, optimize, workdir))
+    assert (workdir / "study.log").is_file()

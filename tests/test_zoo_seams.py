@@ -162,6 +162,26 @@ def test_optimize(tmp_path: Path, hook_states: dict[bool, str]):
     assert strip_time == {name.rsplit("_", 1)[0] for name in _files(without_hook / "logs")}
 
 
+@pytest.mark.integration  # rl-zoo3 in subprocesses
+@pytest.mark.parametrize(("algo", "env_id"), [("ppo_lstm", "CartPoleNoVel-v1"), ("trpo", "CartPole-v1")])
+def test_other_zoo_algorithms_train_and_enjoy_as_without_the_package(
+    algo: str, env_id: str, tmp_path: Path, hook_states: dict[bool, str]
+):
+    """rl-zoo3's ``ppo_lstm`` and ``trpo``: train (with evaluations) and ``enjoy``, identical with and without the package."""
+    train = [sys.executable, "-m", "rl_zoo3.train", "--algo", algo, "--seed", "0", "--num-threads", "1", "-f", "logs"]
+    train += ["--env", env_id, "--eval-episodes", "2", "-n", "256", "--eval-freq", "128", "-params", "n_envs:1", "n_steps:128"]
+    with_hook, without_hook, results = _both(tmp_path, train)
+    assert results[True].returncode == results[False].returncode == 0, results[True].stderr[-3000:]
+    assert _eval_lines(results[True].stdout) == _eval_lines(results[False].stdout) != []
+    _assert_same_run(with_hook, without_hook)
+    enjoy = [sys.executable, "-m", "rl_zoo3.enjoy", "--algo", algo, "--env", env_id, "-f", "logs", "-n", "300"]
+    enjoy += ["--no-render", "--seed", "0"]
+    replays = {hook: _run(enjoy, folder, hook) for hook, folder in ((True, with_hook), (False, without_hook))}
+    assert replays[True].returncode == replays[False].returncode == 0, replays[True].stderr[-3000:]
+    assert "Mean reward" in replays[True].stdout
+    assert replays[True].stdout == replays[False].stdout
+
+
 # --- the same seams in this process (fast tier) --------------------------------------------------
 
 

@@ -1,0 +1,175 @@
+"""Action masks for environments and evaluation loops that do not pass them (rl-zoo3's ``EvalCallback``, ``enjoy``).
+
+sb3-contrib's masked algorithms read masks from the environment (``env.action_masks()``, through
+``get_action_masks``) while collecting, but ``predict(obs)`` only uses masks it is given. Loops
+written for unmasked algorithms (SB3's ``evaluate_policy``, rl-zoo3's evaluation callbacks,
+``-optimize`` trials and ``enjoy``) call ``predict(obs)`` with the observation the VecEnv returned
+and nothing else. Two pieces close that gap:
+
+- :class:`ActionMaskFromInfo`: a gymnasium wrapper that exposes the mask an environment reports in
+  its ``info`` (gymnasium's ``Taxi-v3`` reports ``info["action_mask"]``) as ``action_masks()``;
+- :class:`MaskedObservations`: a VecEnv wrapper whose ``reset`` and ``step`` return observations
+  that carry the masks of the state they describe (:class:`ObservationWithMasks`, an ``ndarray``
+  with an ``action_masks`` attribute; :class:`DictObservationWithMasks` for Dict spaces).
+  :meth:`sb3_ppo_ext.MaskablePPOExt.predict` uses those masks when it is given none, so
+  ``evaluate_policy(model, MaskedObservations(env))`` evaluates the masked policy.
+
+:func:`register_envs` registers sb3-contrib's masked test environments with gymnasium, so that
+rl-zoo3's ``--env`` can name them (``InvalidActionEnvDiscrete-v0`` and its MultiDiscrete and
+MultiBinary variants).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper
+from stable_baselines3.common.vec_env.base_vec_env import VecEnvObs, VecEnvStepReturn
+
+
+class ActionMaskFromInfo(gym.Wrapper):
+    """
+    Expose the action mask an environment reports in ``info[key]`` (at ``reset`` and every ``step``)
+    as ``action_masks()``, the method sb3-contrib's ``get_action_masks`` calls.
+
+    :param env: the environment; its ``reset`` and ``step`` must put the mask of the state they
+        return in ``info[key]``
+    :param key: the ``info`` key of the mask
+    """
+
+    def __init__(self, env: gym.Env, key: str = "action_mask"):
+        super().__init__(env)
+        self.key = key
+        self._masks: np.ndarray | None = None
+
+    def _keep(self, info: dict[str, Any]) -> None:
+        if self.key not in info:
+            raise ValueError(
+                f"ActionMaskFromInfo: the environment {self.env.spec.id if self.env.spec else self.env!r} reported no "
+                f"info[{self.key!r}] (info keys: {sorted(info)}); expected the action mask of the state it returned"
+            )
+        self._masks = np.asarray(info[self.key], dtype=bool)
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        obs, info = self.env.reset(**kwargs)
+        self._keep(info)
+        return obs, info
+
+    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self._keep(info)
+        return obs, reward, terminated, truncated, info
+
+    def action_masks(self) -> np.ndarray:
+        """The mask of the current state (``True``: the action is allowed)."""
+        if self._masks is None:
+            raise RuntimeError("ActionMaskFromInfo.action_masks() called before reset()")
+        return self._masks
+
+
+class ObservationWithMasks(np.ndarray):
+    """A VecEnv's observations (an ``ndarray``) with ``action_masks``: the masks of the states they describe."""
+
+    action_masks: np.ndarray
+
+
+class DictObservationWithMasks(dict):
+    """A VecEnv's Dict observations with ``action_masks``: the masks of the states they describe."""
+
+    action_masks: np.ndarray
+
+
+def with_masks(observations: VecEnvObs, masks: np.ndarray) -> VecEnvObs:
+    """``observations`` carrying ``masks`` (see :func:`masks_of`); the arrays are not copied."""
+    if isinstance(observations, dict):
+        carrier: Any = DictObservationWithMasks(observations)
+    elif isinstance(observations, np.ndarray):
+        carrier = observations.view(ObservationWithMasks)
+    else:
+        raise TypeError(f"cannot attach action masks to observations of type {type(observations).__name__}")
+    carrier.action_masks = masks
+    return carrier
+
+
+def masks_of(observations: Any) -> np.ndarray | None:
+    """The masks that ``observations`` carry (from :class:`MaskedObservations`), or ``None``."""
+    return getattr(observations, "action_masks", None)
+
+
+def without_masks(observations: Any) -> Any:
+    """``observations`` as plain ``ndarray`` / ``dict`` (undoes :func:`with_masks`; anything else is returned as is)."""
+    if isinstance(observations, ObservationWithMasks):
+        return observations.view(np.ndarray)
+    if isinstance(observations, DictObservationWithMasks):
+        return dict(observations)
+    return observations
+
+
+class MaskedObservations(VecEnvWrapper):
+    """
+    A VecEnv whose observations carry the action masks of the states they describe, for loops that
+    call ``predict(obs)`` without masks (``evaluate_policy``, rl-zoo3's evaluation and ``enjoy``).
+
+    The masks are read with sb3-contrib's ``get_action_masks`` (``env_method("action_masks")``) after
+    every ``reset`` and ``step``: after an episode ends, they are the masks of the reset state that
+    the VecEnv returns. Put it outermost (above ``VecNormalize``), as the observation object itself
+    carries the masks.
+
+    :param venv: a VecEnv whose environments provide ``action_masks()``
+    :raises ValueError: when they do not
+    """
+
+    def __init__(self, venv: VecEnv):
+        from sb3_contrib.common.maskable.utils import is_masking_supported
+
+        if not is_masking_supported(venv):
+            raise ValueError(f"MaskedObservations: the environments of {type(venv).__name__} provide no action_masks()")
+        super().__init__(venv)
+
+    def _masks(self) -> np.ndarray:
+        from sb3_contrib.common.maskable.utils import get_action_masks
+
+        return get_action_masks(self.venv)
+
+    def reset(self) -> VecEnvObs:
+        return with_masks(self.venv.reset(), self._masks())
+
+    def step_wait(self) -> VecEnvStepReturn:
+        observations, rewards, dones, infos = self.venv.step_wait()
+        return with_masks(observations, self._masks()), rewards, dones, infos
+
+
+# sb3-contrib's masked test environments, as gymnasium ids (for rl-zoo3's --env): id -> (class, kwargs)
+MASKED_TEST_ENVS: dict[str, tuple[str, dict[str, Any]]] = {
+    "InvalidActionEnvDiscrete-v0": ("sb3_contrib.common.envs:InvalidActionEnvDiscrete", dict(dim=20, n_invalid_actions=10)),
+    "InvalidActionEnvMultiDiscrete-v0": (
+        "sb3_contrib.common.envs:InvalidActionEnvMultiDiscrete",
+        dict(dims=[5, 5], n_invalid_actions=4),
+    ),
+    "InvalidActionEnvMultiBinary-v0": (
+        "sb3_contrib.common.envs:InvalidActionEnvMultiBinary",
+        dict(dims=10, n_invalid_actions=4),
+    ),
+}
+
+
+def register_envs() -> None:
+    """Register :data:`MASKED_TEST_ENVS` with gymnasium (ids already registered are kept)."""
+    for env_id, (entry_point, kwargs) in MASKED_TEST_ENVS.items():
+        if env_id not in gym.registry:
+            gym.register(env_id, entry_point=entry_point, kwargs=kwargs, max_episode_steps=100)
+
+
+__all__ = [
+    "MASKED_TEST_ENVS",
+    "ActionMaskFromInfo",
+    "DictObservationWithMasks",
+    "MaskedObservations",
+    "ObservationWithMasks",
+    "masks_of",
+    "register_envs",
+    "with_masks",
+    "without_masks",
+]
