@@ -274,7 +274,7 @@ def test_test_envs_get_masks_only_for_the_masked_algorithm(monkeypatch: pytest.M
     zoo.register()
     for algo, wrapped in (("ppo", False), ("ppo_ext", False), ("ppo_mask_ext", True)):
         monkeypatch.setattr(sys, "argv", ["enjoy", "--algo", algo, "--env", ONE_VALID])
-        env = rl_zoo3.create_test_env(ONE_VALID, n_envs=1, hyperparams={})
+        env = rl_zoo3.create_test_env(ONE_VALID, n_envs=1, hyperparams={}, should_render=False)
         assert isinstance(env, MaskedObservations) is wrapped, algo
         env.close()
 
