@@ -615,3 +615,22 @@ def test_maskable_vec_normalize_and_callbacks(tmp_path):
     model.save(tmp_path / "model")
     loaded = MaskablePPOExt.load(tmp_path / "model", env=venv)
     assert th.equal(weights(loaded), weights(model)) and loaded.current_kl_coef == model.current_kl_coef
+
+
+def test_recurrent_multibinary_actions_train_and_a_frozen_policy_has_ratio_one():
+    """sb3-contrib's recurrent buffers hand MultiBinary actions back as int8 (RecurrentPPO crashes on them): they train."""
+    env = make_vec_env(MASK_ENVS["multibinary"], n_envs=2, seed=0)
+    frozen = RecurrentPPOExt("MlpLstmPolicy", env, kl_coef=1.0, learning_rate=0.0, policy_kwargs=LSTM_POLICY, **LSTM_TINY)
+    quiet(frozen).learn(64)
+    logged = frozen.logger.name_to_value
+    # The update scores the stored actions exactly as collection did: ratio 1, KL 0.
+    assert logged["train/ratio_min"] == pytest.approx(1.0, abs=1e-6) and logged["train/ratio_max"] == pytest.approx(
+        1.0, abs=1e-6
+    )
+    assert logged["train/kl"] == pytest.approx(0.0, abs=1e-7)
+    model = RecurrentPPOExt("MlpLstmPolicy", env, policy_kwargs=LSTM_POLICY, **LSTM_TINY)
+    before = weights(model).clone()
+    model.learn(64)
+    assert not th.equal(weights(model), before)
+    action, _ = model.predict(env.reset(), episode_start=np.ones(2, dtype=bool))
+    assert action.shape == (2, 4) and set(np.unique(action)) <= {0, 1}
