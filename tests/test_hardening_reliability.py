@@ -572,3 +572,29 @@ def test_predict_names_the_row_of_a_batch_and_refuses_a_transposed_batch_mask():
     masks[1] = False
     with pytest.raises(ValueError, match=r"action_masks row 1 allows no action"):
         model.predict(np.stack([obs] * 2), action_masks=masks)
+
+
+# ---- a RecurrentPPOExt file trained by sb3-contrib's RecurrentPPO (which ignores squash_output)
+
+
+def test_stock_recurrent_ppo_training_a_squashed_ext_file_warns_once(tmp_path: Path):
+    from sb3_ppo_ext import RecurrentPPOExt
+    from sb3_ppo_ext.recurrent import SquashedActionsWarning
+
+    lstm = dict(TINY, n_steps=16, batch_size=16, policy_kwargs=dict(net_arch=[8], lstm_hidden_size=8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SquashedActionsWarning)
+        ext = RecurrentPPOExt("MlpLstmPolicy", _pendulum(), **lstm)
+        ext.learn(16)  # its own collection squashes the actions it sends
+        ext.save(tmp_path / "ext")
+        RecurrentPPOExt.load(tmp_path / "ext", env=_pendulum()).learn(16)
+        stock = RecurrentPPO.load(tmp_path / "ext", env=_pendulum())
+        obs = stock.get_env().reset()
+        action, _ = stock.predict(obs, episode_start=np.ones(1, dtype=bool))  # predict squashes under either class
+        assert action.shape == (1, 1)
+        unsquashed = dict(lstm, policy_kwargs=dict(lstm["policy_kwargs"], squash_output=False))
+        RecurrentPPOExt("MlpLstmPolicy", _pendulum(), **unsquashed).save(tmp_path / "unsquashed")
+        RecurrentPPO.load(tmp_path / "unsquashed", env=_pendulum()).learn(16)  # upstream's head: nothing to warn of
+    with pytest.warns(SquashedActionsWarning, match=r"sb3_contrib\.RecurrentPPO\.load.*RecurrentPPOExt\.load") as caught:
+        stock.learn(32)
+    assert len([w for w in caught if w.category is SquashedActionsWarning]) == 1  # once, not every step
