@@ -13,13 +13,16 @@ as a user gets it).
     python scripts/upstream_tests.py --suite sb3-contrib --workers 1
 
 Known differences, by design and not failures of the drop-in, are listed in ``EXPECTED_DIFFERENCES``
-with their reasons: they are deselected and reported apart.
+with their reasons: they are deselected and reported apart. Tests that need a package this project
+does not install (``NEEDS_PACKAGE``: Atari's ``ale_py``, ``pygame`` for rendering) run when it is
+importable and are left out, and reported, when it is not.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
 import os
 import re
 import subprocess
@@ -52,11 +55,27 @@ EXPECTED_DIFFERENCES: dict[str, dict[str, str]] = {
         "tests/test_tensorboard.py::test_tensorboard[ppo]": (
             "expects the default TensorBoard run folder `PPO_1`; it is `PPOExt_1` (as MaskablePPO's is `MaskablePPO_1`)"
         ),
+        "tests/test_sde.py::test_only_sde_squashed": (
+            "expects `squash_output=True` without `use_sde` to be refused; PPOExt's squashed head is exactly that "
+            "(on by default for Box actions)"
+        ),
     },
     "sb3-contrib": {},
 }
-# Test modules that need packages this project does not install (Atari's ale_py), should they name a replaced class.
-IGNORED_MODULES: dict[str, list[str]] = {"sb3": ["tests/test_utils.py"], "sb3-contrib": []}
+# Test files (whole) or tests (``file::name``) that need a package this project does not install: run when it is
+# importable, left out (and reported) when it is not.
+NEEDS_PACKAGE: dict[str, dict[str, str]] = {
+    "sb3": {
+        "tests/test_utils.py": "ale_py",  # Atari
+        "tests/test_vec_envs.py::test_video_recorder": "pygame",  # renders CartPole-v1 (gymnasium[classic-control])
+    },
+    "sb3-contrib": {},
+}
+
+
+def missing_packages(suite: str) -> dict[str, str]:
+    """The entries of ``NEEDS_PACKAGE[suite]`` whose package is not importable here: test or file -> package."""
+    return {test: package for test, package in NEEDS_PACKAGE[suite].items() if importlib.util.find_spec(package) is None}
 
 
 def unpack_sdist(distribution: str, folder: Path) -> Path:
@@ -74,13 +93,14 @@ def selected_files(suite: str, root: Path) -> list[str]:
     """The test files of ``suite`` (relative to ``root``, sorted) that name a replaced class, less the ignored ones."""
     pattern = re.compile(SUITES[suite][2])
     files = sorted(path.relative_to(root).as_posix() for path in (root / "tests").glob("test_*.py"))
-    return [name for name in files if name not in IGNORED_MODULES[suite] and pattern.search((root / name).read_text())]
+    return [name for name in files if name not in missing_packages(suite) and pattern.search((root / name).read_text())]
 
 
 def pytest_command(suite: str, root: Path, workers: int) -> list[str]:
     """The pytest command that runs ``suite``'s files naming a replaced class, whole, the known differences deselected."""
     command = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *selected_files(suite, root)]
-    command += [f"--deselect={test}" for test in EXPECTED_DIFFERENCES[suite]]
+    left_out = [test for test in missing_packages(suite) if "::" in test]
+    command += [f"--deselect={test}" for test in [*EXPECTED_DIFFERENCES[suite], *left_out]]
     return [*command, "-n", str(workers)] if workers > 1 else command
 
 
@@ -99,6 +119,8 @@ def run_suite(suite: str, workers: int) -> int:
         status = subprocess.run(command, cwd=root, env={**os.environ, "OMP_NUM_THREADS": "1"})
         for test, reason in EXPECTED_DIFFERENCES[suite].items():
             print(f"deselected (intended difference): {test}: {reason}")
+        for test, package in missing_packages(suite).items():
+            print(f"left out (needs {package}, not installed): {test}")
         return status.returncode
 
 

@@ -80,11 +80,17 @@ def test_upstream_tests_command_runs_whole_files_that_name_the_replaced_classes(
     tests.mkdir()
     (tests / "test_ppo.py").write_text("from stable_baselines3 import A2C, PPO\n")
     (tests / "test_a2c.py").write_text("from stable_baselines3 import A2C  # PPOs are elsewhere\n")
-    (tests / "test_utils.py").write_text("from stable_baselines3 import PPO  # needs ale_py\n")
+    (tests / "test_utils.py").write_text("from stable_baselines3 import PPO  # needs a package not installed\n")
     (tests / "test_lstm.py").write_text("from sb3_contrib import RecurrentPPO\n")
+    needs = upstream["NEEDS_PACKAGE"]["sb3"]  # the script's own dict (runpy copies the globals shallowly)
+    needs.clear()
+    needs.update({"tests/test_utils.py": "no_such_package", "tests/test_ppo.py::test_video": "no_such_package"})
+    needs["tests/test_ppo.py::test_render"] = "json"  # importable: it runs
     command = upstream["pytest_command"]("sb3", tmp_path, 2)
     assert "-k" not in command and [arg for arg in command if arg.startswith("tests/")] == ["tests/test_ppo.py"]
     assert "--deselect=tests/test_run.py::test_ppo_warnings" in command and command[-2:] == ["-n", "2"]
+    assert "--deselect=tests/test_sde.py::test_only_sde_squashed" in command
+    assert "--deselect=tests/test_ppo.py::test_video" in command and "--deselect=tests/test_ppo.py::test_render" not in command
     contrib = upstream["pytest_command"]("sb3-contrib", tmp_path, 1)
     assert "-n" not in contrib and [arg for arg in contrib if arg.startswith("tests/")] == ["tests/test_lstm.py"]
     assert "MaskablePPO = MaskablePPOExt" in upstream["SUITES"]["sb3-contrib"][1]
