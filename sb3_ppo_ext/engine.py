@@ -612,10 +612,14 @@ class ExtUpdateEngine:
         )
 
     def _scored_actions(self, actions: th.Tensor) -> th.Tensor:
-        """Actions as the policy scores them: Discrete actions are stored as floats of shape (n, 1)."""
+        """
+        Actions as the policy scores them: Discrete actions are stored as floats of shape (n, 1);
+        integer actions of other spaces are cast to float, as SB3's buffers do (sb3-contrib's recurrent
+        buffers hand MultiBinary actions back as the space's ``int8``, which the Bernoulli log-prob refuses).
+        """
         if isinstance(self.action_space, spaces.Discrete):
             return actions.long().flatten()
-        return actions
+        return actions if actions.is_floating_point() else actions.float()
 
     def minibatch_losses(
         self,

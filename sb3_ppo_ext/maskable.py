@@ -2,25 +2,107 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import torch as th
+from gymnasium import spaces
 from sb3_contrib import MaskablePPO
 from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
-from sb3_contrib.common.maskable.utils import get_action_masks, is_masking_supported
 from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.torch_layers import CombinedExtractor, NatureCNN
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, PyTorchObs, Schedule
-from stable_baselines3.common.utils import is_vectorized_observation
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppo_ext.engine import ExtUpdateEngine, checked_arguments, flat_observations, flat_rollout, index_observations
 from sb3_ppo_ext.envs import masks_of, without_masks
 
 SelfMaskablePPOExt = TypeVar("SelfMaskablePPOExt", bound="MaskablePPOExt")
+
+
+def mask_blocks(action_space: spaces.Space) -> np.ndarray:
+    """
+    The sizes of the blocks of one flat action mask, one block per sub-action: ``[n]`` for
+    ``Discrete(n)``, ``nvec`` for ``MultiDiscrete``, ``[2] * n`` for ``MultiBinary(n)`` (a mask
+    value per outcome of each binary action, as sb3-contrib's ``MaskableBernoulliDistribution``).
+
+    :param action_space: a masked action space
+    :return: the block sizes (their sum is the mask's length)
+    """
+    if isinstance(action_space, spaces.Discrete):
+        return np.array([action_space.n])
+    if isinstance(action_space, spaces.MultiDiscrete):
+        return np.asarray(action_space.nvec).ravel()
+    if isinstance(action_space, spaces.MultiBinary):
+        return np.full(math.prod(action_space.shape), 2)
+    raise ValueError(f"action masks need a Discrete, MultiDiscrete or MultiBinary action space, got {action_space}")
+
+
+def check_action_masks(masks: Any, action_space: spaces.Space, n_rows: int, where: str) -> None:
+    """
+    ``ValueError`` unless ``masks`` is one flat mask per row that fits ``action_space`` and allows
+    an action in every block (every sub-action of MultiDiscrete and MultiBinary spaces).
+
+    The one check of masks, in rollouts and in ``predict``: a shape ``(n_rows, mask_size)`` (or
+    ``(mask_size,)`` for one row), booleans or numbers that are 0 or 1. Upstream reshapes any
+    array of the right size (a transposed mask too) and samples a row that allows nothing
+    uniformly. A few numpy operations on the whole array; no loop over rows.
+
+    :param masks: the action masks (array-like)
+    :param action_space: the masked action space
+    :param n_rows: the number of observations (environments) the masks are for
+    :param where: where the masks come from, for the message
+    """
+    blocks = mask_blocks(action_space)
+    size = int(blocks.sum())
+    array = np.asarray(masks.detach().cpu() if isinstance(masks, th.Tensor) else masks)
+    expected = f"expected {n_rows} mask(s) of {size} booleans each, of shape ({n_rows}, {size})" + (
+        f" or ({size},)" if n_rows == 1 else ""
+    )
+    if array.dtype == object and any(value is None for value in array.flat):
+        raise ValueError(f"{where}: action_masks hold None for the action space {action_space}: {expected}")
+    if array.dtype != bool and array.dtype.kind not in "iuf":
+        raise ValueError(f"{where}: action_masks of dtype {array.dtype} for the action space {action_space}: {expected}")
+    if array.shape != (n_rows, size) and not (n_rows == 1 and array.shape == (size,)):
+        raise ValueError(
+            f"{where}: action_masks of shape {array.shape} do not fit the action space {action_space}: {expected}"
+        )
+    if array.dtype != bool:
+        if not np.isin(array, (0, 1)).all():
+            raise ValueError(
+                f"{where}: action_masks of dtype {array.dtype} hold values other than 0 and 1 "
+                f"(e.g. {array[~np.isin(array, (0, 1))].flat[0].item()!r}): {expected}"
+            )
+        array = array != 0
+    starts = np.cumsum(blocks) - blocks
+    allowed = np.maximum.reduceat(array.reshape(n_rows, size), starts, axis=1)
+    if not allowed.all():
+        row, block = (int(index[0]) for index in np.nonzero(~allowed))
+        if len(blocks) == 1:
+            raise ValueError(f"{where}: action_masks row {row} allows no action of {action_space}: expected at least one True")
+        span = f"{starts[block]}:{starts[block] + blocks[block]}"
+        raise ValueError(
+            f"{where}: action_masks row {row} allows no value of sub-action {block} (mask positions {span}) of "
+            f"{action_space}: expected at least one True per sub-action"
+        )
+
+
+def observation_rows(observation: Any, observation_space: spaces.Space) -> int:
+    """
+    How many observations ``observation`` holds, as the policy batches it (``reshape(-1, *shape)``):
+    its size over the size of one observation, whatever the layout (channel-last images included).
+
+    :param observation: an observation or a batch of them (a dict for ``Dict`` spaces)
+    :param observation_space: the model's observation space
+    :return: the number of observations (1 for an unbatched one)
+    """
+    if isinstance(observation, dict) and isinstance(observation_space, spaces.Dict):
+        key = next(iter(observation))
+        observation, observation_space = observation[key], observation_space[key]
+    return max(1, np.size(observation) // max(1, int(np.prod(observation_space.shape))))
 
 
 class MaskablePPOExtPolicy(MaskableActorCriticPolicy):
@@ -121,8 +203,9 @@ class MaskablePPOExt(ExtUpdateEngine, MaskablePPO):
     deliberate difference: a one-sample minibatch is not advantage-normalised, as in SB3's PPO).
 
     The environment provides ``action_masks()`` (or is wrapped in sb3-contrib's ``ActionMasker``);
-    ``predict(obs, action_masks=...)`` as upstream. A mask whose size does not fit the action
-    space is a ``ValueError``.
+    ``predict(obs, action_masks=...)`` as upstream. Masks are checked on every rollout step and in
+    ``predict`` (:func:`check_action_masks`): a mask of the wrong shape or dtype, or one that allows no
+    action (for MultiDiscrete and MultiBinary: no value of a sub-action), is a ``ValueError``.
 
     :param policy: The policy model to use (MlpPolicy, CnnPolicy, MultiInputPolicy)
     :param env: The environment to learn from (if registered in Gym, can be str)
@@ -225,7 +308,6 @@ class MaskablePPOExt(ExtUpdateEngine, MaskablePPO):
             _init_setup_model=False,
         )
         self._init_extensions(vf_clip_mode, kl_coef, kl_target, kl_adapt_factor, kl_adapt_tolerance, kl_coef_bounds)
-        self._masks_checked_for: VecEnv | None = None
         if _init_setup_model:
             self._setup_model()
 
@@ -255,17 +337,7 @@ class MaskablePPOExt(ExtUpdateEngine, MaskablePPO):
 
     # ---- masks ----------------------------------------------------------------------------------
 
-    def _check_masks(self, masks: Any, n_rows: int, where: str) -> None:
-        """ValueError unless ``masks`` holds one mask of the action space's size per row."""
-        mask_dims = int(self.rollout_buffer.mask_dims)
-        size = np.asarray(masks).size
-        if size != n_rows * mask_dims:
-            raise ValueError(
-                f"{where}: action_masks of shape {np.shape(masks)} do not fit the action space {self.action_space}: "
-                f"expected {n_rows} mask(s) of {mask_dims} booleans each ({n_rows * mask_dims} values), got {size}"
-            )
-
-    def collect_rollouts(  # type: ignore[override]
+    def _collect_rollouts(  # type: ignore[override]
         self,
         env: VecEnv,
         callback: BaseCallback,
@@ -273,14 +345,25 @@ class MaskablePPOExt(ExtUpdateEngine, MaskablePPO):
         n_rollout_steps: int,
         use_masking: bool = True,
     ) -> bool:
-        """Upstream's ``collect_rollouts``, after checking (once per env) that the env's masks fit the action space."""
-        if use_masking and self._masks_checked_for is not env and is_masking_supported(env):
-            self._check_masks(get_action_masks(env), env.num_envs, "env.action_masks()")
-            self._masks_checked_for = env  # the mask size of an env does not change
-        return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps, use_masking)
+        """
+        Upstream's ``collect_rollouts``, with every step's masks checked by :func:`check_action_masks`
+        before the policy applies them (so before the env receives an action): a forward pre-hook of
+        the policy, for the collection only, sees the ``action_masks`` upstream passes to ``policy(obs)``.
+        """
+        action_space = self.action_space
 
-    def _excluded_save_params(self) -> list[str]:
-        return [*super()._excluded_save_params(), "_masks_checked_for"]
+        def check(module: th.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            masks = kwargs.get("action_masks")
+            if masks is not None:  # None: use_masking=False
+                obs = args[0] if args else kwargs["obs"]
+                first = next(iter(obs.values())) if isinstance(obs, dict) else obs
+                check_action_masks(masks, action_space, len(first), "env.action_masks() during the rollout")
+
+        handle = self.policy.register_forward_pre_hook(check, with_kwargs=True)
+        try:
+            return super()._collect_rollouts(env, callback, rollout_buffer, n_rollout_steps, use_masking)
+        finally:
+            handle.remove()
 
     def predict(  # type: ignore[override]
         self,
@@ -291,11 +374,11 @@ class MaskablePPOExt(ExtUpdateEngine, MaskablePPO):
         action_masks: np.ndarray | None = None,
     ) -> tuple[np.ndarray, tuple[np.ndarray, ...] | None]:
         """
-        Upstream's ``predict``, with a ``ValueError`` for ``action_masks`` that do not fit the
-        action space and the number of observations. Without ``action_masks``, the masks that
-        ``observation`` carries are used: observations from :class:`sb3_ppo_ext.envs.MaskedObservations`
-        carry those of their states, so loops that pass no masks (SB3's ``evaluate_policy``,
-        rl-zoo3's evaluation and ``enjoy``) act with them.
+        Upstream's ``predict``, with a ``ValueError`` (:func:`check_action_masks`) for ``action_masks``
+        that do not fit the action space and the number of observations, or that allow no action.
+        Without ``action_masks``, the masks that ``observation`` carries are used: observations from
+        :class:`sb3_ppo_ext.envs.MaskedObservations` carry those of their states, so loops that pass
+        no masks (SB3's ``evaluate_policy``, rl-zoo3's evaluation and ``enjoy``) act with them.
 
         :param observation: the input observation
         :param state: The last hidden states (unused: the policy is not recurrent)
@@ -308,12 +391,11 @@ class MaskablePPOExt(ExtUpdateEngine, MaskablePPO):
         if action_masks is None:
             action_masks = masks_of(observation)
         observation = without_masks(observation)
-        if action_masks is not None:
-            # SB3's own test (the one predict applies), without converting the observation to a tensor.
-            vectorized = is_vectorized_observation(observation, self.observation_space)
-            first = next(iter(observation.values())) if isinstance(observation, dict) else observation
-            n_rows = len(first) if vectorized else 1
-            self._check_masks(action_masks, n_rows, f"{type(self).__name__}.predict")
+        # (obs, info) from a Gym reset: upstream's predict raises its own error for it.
+        gym_pair = isinstance(observation, tuple) and len(observation) == 2 and isinstance(observation[1], dict)
+        if action_masks is not None and not gym_pair:
+            n_rows = observation_rows(observation, self.observation_space)
+            check_action_masks(action_masks, self.action_space, n_rows, f"{type(self).__name__}.predict")
         return super().predict(observation, state, episode_start, deterministic, action_masks=action_masks)
 
     def learn(  # type: ignore[override]
@@ -341,4 +423,10 @@ MlpPolicy = MaskablePPOExtPolicy
 CnnPolicy = MaskablePPOExtCnnPolicy
 MultiInputPolicy = MaskablePPOExtMultiInputPolicy
 
-__all__ = ["MaskablePPOExt", "MaskablePPOExtCnnPolicy", "MaskablePPOExtMultiInputPolicy", "MaskablePPOExtPolicy"]
+__all__ = [
+    "MaskablePPOExt",
+    "MaskablePPOExtCnnPolicy",
+    "MaskablePPOExtMultiInputPolicy",
+    "MaskablePPOExtPolicy",
+    "check_action_masks",
+]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from collections.abc import Iterator
 from copy import deepcopy
 from typing import Any, ClassVar, TypeVar
 
@@ -26,6 +29,15 @@ from sb3_ppo_ext.policies import PPOExtActorCriticPolicy
 SelfRecurrentPPOExt = TypeVar("SelfRecurrentPPOExt", bound="RecurrentPPOExt")
 
 
+class SquashedActionsWarning(UserWarning):
+    """
+    A squashed :class:`RecurrentPPOExtPolicy` was run (``forward``) outside RecurrentPPOExt's rollout
+    collection, e.g. trained by sb3-contrib's ``RecurrentPPO`` after ``RecurrentPPO.load`` of a
+    RecurrentPPOExt file: its actions are pre-squash samples, which that collection sends to the env
+    clipped, not squashed.
+    """
+
+
 class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy):
     """
     sb3-contrib's ``RecurrentActorCriticPolicy`` (LSTM actor and critic) with PPOExt's exact
@@ -38,9 +50,55 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
     ``log_std_bounds``, ``entropy_estimator`` (PPOExt's head) and ``lstm_hidden_size``,
     ``n_lstm_layers``, ``shared_lstm``, ``enable_critic_lstm``, ``lstm_kwargs`` (sb3-contrib's).
 
+    With the squashed head, ``forward`` returns pre-squash samples ``u``: RecurrentPPOExt's collection
+    sends the env ``unscale_action(tanh(u))``, but sb3-contrib's ``RecurrentPPO`` (which ignores
+    ``squash_output``) would send ``clip(u)``. A ``RecurrentPPO.load`` of a RecurrentPPOExt file builds
+    this policy, so the policy itself tells the two apart: the first ``forward`` outside
+    RecurrentPPOExt's collection (:meth:`ext_collection`) issues a :class:`SquashedActionsWarning`.
+    ``predict`` squashes under either class.
+
     :param args: arguments of :class:`sb3_ppo_ext.policies.PPOExtActorCriticPolicy`
     :param kwargs: keyword arguments of both parents
     """
+
+    _in_ext_collection: bool = False
+    _warned_outside_ext_collection: bool = False
+
+    @contextlib.contextmanager
+    def ext_collection(self) -> Iterator[None]:
+        """Marks the ``forward`` calls of RecurrentPPOExt's rollout collection, which squashes the actions it sends."""
+        self._in_ext_collection = True
+        try:
+            yield
+        finally:
+            self._in_ext_collection = False
+
+    def forward(  # type: ignore[override]
+        self, obs: th.Tensor, lstm_states: RNNStates, episode_starts: th.Tensor, deterministic: bool = False
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor, RNNStates]:
+        """
+        Upstream's ``forward``; with the squashed head, outside RecurrentPPOExt's collection, the first
+        call warns (:class:`SquashedActionsWarning`) that its actions are pre-squash.
+
+        :param obs: Observation
+        :param lstm_states: The last hidden and memory states for the LSTM
+        :param episode_starts: Whether the observations correspond to new episodes or not
+        :param deterministic: Whether to sample or use deterministic actions
+        :return: action (pre-squash with the squashed head), value, log probability of the action and the new states
+        """
+        if self.squash_output and not self._in_ext_collection and not self._warned_outside_ext_collection:
+            self._warned_outside_ext_collection = True
+            warnings.warn(
+                f"{type(self).__name__} has the squashed head (squash_output=True): forward returns pre-squash "
+                "actions, which only RecurrentPPOExt's rollout collection turns into the env's actions "
+                "(policy.unscale_action of them). sb3-contrib's RecurrentPPO ignores squash_output and sends them "
+                "clipped to the bounds, so a RecurrentPPOExt file loaded with sb3_contrib.RecurrentPPO.load trains on "
+                "other actions than the ones predict returns: load it with sb3_ppo_ext.RecurrentPPOExt.load "
+                "(predict is right under either class)",
+                SquashedActionsWarning,
+                stacklevel=2,
+            )
+        return super().forward(obs, lstm_states, episode_starts, deterministic)
 
     def evaluate_actions_and_distribution(  # type: ignore[override]
         self,
@@ -282,6 +340,20 @@ class RecurrentPPOExt(ExtUpdateEngine, RecurrentPPO):
         rollout_buffer: RolloutBuffer,
         n_rollout_steps: int,
     ) -> bool:
+        """Upstream's ``collect_rollouts``, or with a squashed head :meth:`_collect_squashed_rollouts` (marked as such)."""
+        if not self.policy.squash_output:
+            return super()._collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
+        marked = self.policy.ext_collection() if isinstance(self.policy, RecurrentPPOExtPolicy) else contextlib.nullcontext()
+        with marked:
+            return self._collect_squashed_rollouts(env, callback, rollout_buffer, n_rollout_steps)
+
+    def _collect_squashed_rollouts(
+        self,
+        env: VecEnv,
+        callback: BaseCallback,
+        rollout_buffer: RolloutBuffer,
+        n_rollout_steps: int,
+    ) -> bool:
         """
         Upstream's ``collect_rollouts`` with one change: with a squashed head the env receives
         ``policy.unscale_action(u)`` of the pre-squash sample ``u`` (which the buffer stores), as SB3's
@@ -295,8 +367,6 @@ class RecurrentPPOExt(ExtUpdateEngine, RecurrentPPO):
         :return: True if function returned with at least ``n_rollout_steps`` collected, False if
             callback terminated rollout prematurely.
         """
-        if not self.policy.squash_output:
-            return super()._collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
         assert isinstance(rollout_buffer, (RecurrentRolloutBuffer, RecurrentDictRolloutBuffer))
         assert self._last_obs is not None, "No previous observation was provided"
         self.policy.set_training_mode(False)
@@ -386,4 +456,10 @@ MlpLstmPolicy = RecurrentPPOExtPolicy
 CnnLstmPolicy = RecurrentPPOExtCnnPolicy
 MultiInputLstmPolicy = RecurrentPPOExtMultiInputPolicy
 
-__all__ = ["RecurrentPPOExt", "RecurrentPPOExtCnnPolicy", "RecurrentPPOExtMultiInputPolicy", "RecurrentPPOExtPolicy"]
+__all__ = [
+    "RecurrentPPOExt",
+    "RecurrentPPOExtCnnPolicy",
+    "RecurrentPPOExtMultiInputPolicy",
+    "RecurrentPPOExtPolicy",
+    "SquashedActionsWarning",
+]

@@ -487,24 +487,27 @@ def test_recurrent_gsde_bit_for_bit_and_squashed():
     assert model.policy.squash_output and np.isfinite(model.logger.name_to_value["train/kl_penalty"])
 
 
+class ImageEnv(gym.Env):
+    """Channel-last images (SB3 transposes them), one-step episodes, action 1 masked."""
+
+    observation_space = spaces.Box(0, 255, (36, 36, 1), dtype=np.uint8)
+    action_space = spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 1.0, False, True, {}
+
+    def action_masks(self):
+        return np.array([True, False, True])
+
+
 @pytest.mark.parametrize("family", ["maskable", "recurrent"])
 def test_cnn_and_dict_policies(family):
     """The CnnPolicy / MultiInputPolicy aliases build the upstream extractors and train."""
     from stable_baselines3.common.envs import SimpleMultiObsEnv
     from stable_baselines3.common.torch_layers import CombinedExtractor, NatureCNN
-
-    class ImageEnv(gym.Env):
-        observation_space = spaces.Box(0, 255, (36, 36, 1), dtype=np.uint8)
-        action_space = spaces.Discrete(3)
-
-        def reset(self, *, seed=None, options=None):
-            return self.observation_space.sample(), {}
-
-        def step(self, action):
-            return self.observation_space.sample(), 1.0, False, True, {}
-
-        def action_masks(self):
-            return np.array([True, False, True])
 
     class MaskedMultiObsEnv(SimpleMultiObsEnv):
         def action_masks(self):
@@ -587,7 +590,7 @@ def test_pi_old_recorded_during_collection_equals_a_recomputation(family, n_envs
     assert len(compared) == 2
 
 
-def test_env_masks_are_checked_once_per_env_not_every_rollout():
+def test_env_masks_are_checked_without_an_extra_env_call():
     env = make_vec_env(MASK_ENVS["discrete"], n_envs=1, seed=0)
     calls = []
     original = env.env_method
@@ -599,7 +602,7 @@ def test_env_masks_are_checked_once_per_env_not_every_rollout():
     env.env_method = env_method
     model = MaskablePPOExt("MlpPolicy", env, **MASK_TINY)
     model.learn(3 * 64)
-    assert calls.count("action_masks") == 3 * 64 + 1  # upstream's one per step, plus one check
+    assert calls.count("action_masks") == 3 * 64  # upstream's one per step: its masks are the ones checked
     model.save(io.BytesIO())  # the checked env is not part of a saved model
 
 
@@ -615,3 +618,52 @@ def test_maskable_vec_normalize_and_callbacks(tmp_path):
     model.save(tmp_path / "model")
     loaded = MaskablePPOExt.load(tmp_path / "model", env=venv)
     assert th.equal(weights(loaded), weights(model)) and loaded.current_kl_coef == model.current_kl_coef
+
+
+def test_recurrent_multibinary_actions_train_and_a_frozen_policy_has_ratio_one():
+    """sb3-contrib's recurrent buffers hand MultiBinary actions back as int8 (RecurrentPPO crashes on them): they train."""
+    env = make_vec_env(MASK_ENVS["multibinary"], n_envs=2, seed=0)
+    frozen = RecurrentPPOExt("MlpLstmPolicy", env, kl_coef=1.0, learning_rate=0.0, policy_kwargs=LSTM_POLICY, **LSTM_TINY)
+    quiet(frozen).learn(64)
+    logged = frozen.logger.name_to_value
+    # The update scores the stored actions exactly as collection did: ratio 1, KL 0.
+    assert logged["train/ratio_min"] == pytest.approx(1.0, abs=1e-6) and logged["train/ratio_max"] == pytest.approx(
+        1.0, abs=1e-6
+    )
+    assert logged["train/kl"] == pytest.approx(0.0, abs=1e-7)
+    model = RecurrentPPOExt("MlpLstmPolicy", env, policy_kwargs=LSTM_POLICY, **LSTM_TINY)
+    before = weights(model).clone()
+    model.learn(64)
+    assert not th.equal(weights(model), before)
+    action, _ = model.predict(env.reset(), episode_start=np.ones(2, dtype=bool))
+    assert action.shape == (2, 4) and set(np.unique(action)) <= {0, 1}
+
+
+class DictImageEnv(ImageEnv):
+    """A Dict observation holding a channel-last image and a vector."""
+
+    observation_space = spaces.Dict(
+        {"image": ImageEnv.observation_space, "vector": spaces.Box(-1.0, 1.0, (2,), dtype=np.float32)}
+    )
+
+
+@pytest.mark.parametrize("env_class, policy", [(ImageEnv, "CnnPolicy"), (DictImageEnv, "MultiInputPolicy")])
+def test_maskable_predict_and_evaluation_on_channel_last_images(env_class, policy):
+    """predict(obs, action_masks=...) counts the observations as the policy batches them (after its transpose)."""
+    from sb3_contrib.common.maskable.callbacks import MaskableEvalCallback
+
+    model = MaskablePPOExt(policy, env_class(), n_steps=16, batch_size=8, n_epochs=1, seed=0)
+    obs, _ = env_class().reset()
+    masks = env_class().action_masks()
+    action, _ = model.predict(obs, action_masks=masks)
+    assert action.shape == () and masks[action]
+    batch = {key: np.stack([value] * 2) for key, value in obs.items()} if isinstance(obs, dict) else np.stack([obs] * 2)
+    actions, _ = model.predict(batch, action_masks=np.stack([masks] * 2))
+    assert actions.shape == (2,) and masks[actions].all()
+    with pytest.raises(ValueError, match=r"action_masks of shape \(3,\).*expected 2 mask\(s\)"):
+        model.predict(batch, action_masks=masks)
+    # sb3-contrib's evaluation passes the masks to predict with the env's channel-last observations.
+    maskable_evaluate_policy(model, env_class(), n_eval_episodes=2, warn=False)
+    evaluation = MaskableEvalCallback(env_class(), eval_freq=8, n_eval_episodes=2, warn=False, verbose=0)
+    quiet(model).learn(16, callback=evaluation)
+    assert evaluation.last_mean_reward == 1.0

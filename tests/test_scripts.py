@@ -74,16 +74,29 @@ def test_throughput_families_and_the_report_targets(tmp_path):
     assert "(best) (all diagnostics on)" not in targets  # one row per measurement, the best runs inside it
 
 
-def test_upstream_tests_command_selects_the_replaced_classes_tests():
+def test_upstream_tests_command_runs_whole_files_that_name_the_replaced_classes(tmp_path):
     upstream = runpy.run_path(str(SCRIPTS / "upstream_tests.py"))
-    command = upstream["pytest_command"]("sb3", Path("/tmp/x"), 2)
-    assert command[command.index("-k") + 1] == "PPOExt or ppo or PPO"
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test_ppo.py").write_text("from stable_baselines3 import A2C, PPO\n")
+    (tests / "test_a2c.py").write_text("from stable_baselines3 import A2C  # PPOs are elsewhere\n")
+    (tests / "test_utils.py").write_text("from stable_baselines3 import PPO  # needs a package not installed\n")
+    (tests / "test_lstm.py").write_text("from sb3_contrib import RecurrentPPO\n")
+    needs = upstream["NEEDS_PACKAGE"]["sb3"]  # the script's own dict (runpy copies the globals shallowly)
+    needs.clear()
+    needs.update({"tests/test_utils.py": "no_such_package", "tests/test_ppo.py::test_video": "no_such_package"})
+    needs["tests/test_ppo.py::test_render"] = "json"  # importable: it runs
+    command = upstream["pytest_command"]("sb3", tmp_path, 2)
+    assert "-k" not in command and [arg for arg in command if arg.startswith("tests/")] == ["tests/test_ppo.py"]
     assert "--deselect=tests/test_run.py::test_ppo_warnings" in command and command[-2:] == ["-n", "2"]
-    assert "-n" not in upstream["pytest_command"]("sb3-contrib", Path("/tmp/x"), 1)
+    assert "--deselect=tests/test_sde.py::test_only_sde_squashed" in command
+    assert "--deselect=tests/test_ppo.py::test_video" in command and "--deselect=tests/test_ppo.py::test_render" not in command
+    contrib = upstream["pytest_command"]("sb3-contrib", tmp_path, 1)
+    assert "-n" not in contrib and [arg for arg in contrib if arg.startswith("tests/")] == ["tests/test_lstm.py"]
     assert "MaskablePPO = MaskablePPOExt" in upstream["SUITES"]["sb3-contrib"][1]
 
 
-@pytest.mark.slow  # downloads both sdists from PyPI and runs 166 upstream tests (about 2 minutes on 2 cores)
+@pytest.mark.slow  # downloads both sdists and runs 25 upstream files whole: 671 tests, 19 minutes here with 1 worker
 def test_upstream_suites_pass_with_the_ext_classes():
     upstream = runpy.run_path(str(SCRIPTS / "upstream_tests.py"))
     assert upstream["main"](["--workers", "2"]) == 0
