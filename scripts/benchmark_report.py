@@ -7,10 +7,11 @@ learning at the edge of the statistical precipice", NeurIPS 2021):
 - IQM, ``rliable.metrics.aggregate_iqm`` (the mean of the middle 50 % of the runs, ``trim_mean(x, 0.25)``),
   with a 95 % stratified-bootstrap percentile CI (``rliable.library.get_interval_estimates``);
 - probability of improvement of each PPOExt variant (every algorithm but ``ppo`` and ``trpo``) over stock
-  PPO and over TRPO, ``metrics.probability_of_improvement``: the Mann-Whitney U statistic over
-  ``n_x * n_y``, i.e. P(X > Y) + P(X = Y) / 2 for a random run of each; its 95 % CI resamples the runs
-  of the two algorithms independently (rliable's ``StratifiedIndependentBootstrap``), each with its own
-  run count, so unequal seed counts are fine;
+  PPO and over TRPO, and of the pairs in ``VARIANT_PAIRS`` (a candidate entry over the shipped one; on the
+  masked tasks each ``ppo_mask_ext`` variant over ``ppo_unmasked``), ``metrics.probability_of_improvement``:
+  the Mann-Whitney U statistic over ``n_x * n_y``, i.e. P(X > Y) + P(X = Y) / 2 for a random run of
+  each; its 95 % CI resamples the runs of the two algorithms independently (rliable's
+  ``StratifiedIndependentBootstrap``), each with its own run count, so unequal seed counts are fine;
 - performance profiles (fraction of runs whose final return is above tau, 95 % CIs),
   ``library.create_performance_profile``;
 
@@ -34,7 +35,8 @@ entry), so the committed report can be rebuilt from the committed evidence:
 
     python scripts/benchmark_report.py --results issue=logs/benchmark --results mujoco-1m=docs/benchmarks/data-1m
     python scripts/benchmark_report.py --results issue=docs/benchmarks/data \\
-        --results mujoco-1m=docs/benchmarks/data-1m --results tuned-1m=docs/benchmarks/data-tuned-1m --keep-data ""
+        --results mujoco-1m=docs/benchmarks/data-1m --results tuned-1m=docs/benchmarks/data-tuned-1m \\
+        --results masked=docs/benchmarks/data-masked --keep-data ""
 
 (``--results FOLDER`` alone is the suite of ``--suite``, ``issue`` by default; the report's own
 Reproduce section gives the full command, with the throughput files, notes and GPU note.)
@@ -1412,7 +1414,9 @@ def build_report(
             table = targets_section(suite.name, summaries[suite.name], ratios, identical_to_stock(suite.runs))
         lines += [f"### Suite `{suite.name}`", "", *table, ""]
     if yml is not None:
-        lines += ["## Tuning", "", *tuning_section([suite.name for suite in suites], yml, studies), ""]
+        # The ppo_ext.yml entries of the suites that train PPOExt (ppo_mask_ext.yml states its entries' sources).
+        ppo_ext_suites = [suite.name for suite in suites if suite.name not in MASKED_SUITES]
+        lines += ["## Tuning", "", *tuning_section(ppo_ext_suites, yml, studies), ""]
     gpu_note = gpu_note.strip() or "Not run: no CUDA machine was available when this report was built."
     lines += ["## GPU check", "", gpu_note, ""]
     if notes:
