@@ -989,3 +989,26 @@ def test_report_refuses_a_corrupt_csv(fixture_results, tmp_path, capsys):
     assert report.main(argv) == 1
     assert f"{csv_path}: not a readable benchmark CSV" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_masked_suite_trains_stock_ppo_at_the_shipped_masked_entry():
+    """Suite masked: the same seeds and budget for the three algorithms; stock PPO gets ppo_mask_ext.yml's settings."""
+    specs = benchmark.build_matrix(benchmark.parse_args(["--suite", "masked"]))
+    for env in ("Taxi-v4", "InvalidActionEnvDiscrete-v0"):
+        by_algo: dict[str, list] = {}
+        for spec in specs:
+            if spec.env == env:
+                by_algo.setdefault(spec.algo, []).append((spec.seed, spec.steps, spec.eval_freq))
+        assert set(by_algo) == set(benchmark.MASKED) and len({tuple(runs) for runs in by_algo.values()}) == 1
+        assert len(by_algo["ppo_unmasked"]) == 5
+    from sb3_ppo_ext import settings
+
+    taxi = settings.load_hyperparams("Taxi-v4", settings.ALGORITHMS["ppo_mask_ext"].hyperparams, "ppo_mask_ext")
+    unmasked = benchmark.expected_hyperparams(
+        next(spec for spec in specs if spec.algo == "ppo_unmasked" and spec.env == "Taxi-v4")
+    )
+    assert unmasked == benchmark._comparable({key: repr(value) for key, value in taxi.items()})
+    kl = benchmark.expected_hyperparams(
+        next(spec for spec in specs if spec.algo == "ppo_mask_ext_kl" and spec.env == "Taxi-v4")
+    )
+    assert kl["clip_range"] == "None" and kl["kl_target"] == "0.01" and kl["n_envs"] == unmasked["n_envs"] == "8"
