@@ -835,6 +835,10 @@ def _hparam_value(value: Any) -> bool | int | float | str:
     return str(value)
 
 
+class HParamsWarning(UserWarning):
+    """Issued by :class:`HParamsCallback` when the model has no TensorBoard logger to write to."""
+
+
 class HParamsCallback(BaseCallback):
     """
     Writes the run's hyperparameters and final metrics to TensorBoard's HParams tab.
@@ -846,7 +850,9 @@ class HParamsCallback(BaseCallback):
     buffer, or the last value seen at a rollout end) is written to TensorBoard at the final
     timestep, so the tab shows the final metrics. It writes straight to TensorBoard rather than
     dumping the logger, so the other callbacks' ``on_training_end`` still see the last update's
-    records. Without a TensorBoard logger it does nothing visible.
+    records. It needs a TensorBoard logger (``tensorboard_log=...``, with the ``tensorboard``
+    package: ``pip install ".[tensorboard]"``); without one it warns at the start of training
+    (:class:`HParamsWarning`) and writes nothing.
 
     :param hparams: Model attribute names to record; ``None`` for a default PPO/PPOExt/A2C list
     :param extra_hparams: Further ``name: value`` pairs (env id, seed, ...)
@@ -884,6 +890,14 @@ class HParamsCallback(BaseCallback):
         return values
 
     def _on_training_start(self) -> None:
+        if _tensorboard_writer(self) is None:
+            warnings.warn(
+                f"HParamsCallback: {type(self.model).__name__} has no TensorBoard logger, so no hyperparameters or "
+                "final metrics are written; pass tensorboard_log=... (with the tensorboard package installed: "
+                'pip install ".[tensorboard]") or rl-zoo3\'s --tensorboard-log',
+                HParamsWarning,
+                stacklevel=2,
+            )
         metric_dict = {metric: 0.0 for metric in self.metrics}
         self.logger.record("hparams", HParam(self.hparam_dict(), metric_dict), exclude=("stdout", "log", "json", "csv"))
 
@@ -922,6 +936,7 @@ class HParamsCallback(BaseCallback):
 __all__ = [
     "ActionMonitor",
     "HParamsCallback",
+    "HParamsWarning",
     "KLAdaptiveLR",
     "OptunaPruningCallback",
     "ParameterSchedule",

@@ -31,6 +31,7 @@ import io
 import math
 import os
 import pathlib
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar, NamedTuple
 
@@ -63,6 +64,14 @@ DISTRIBUTION_CHUNK = 2048
 
 class NonFiniteLossError(FloatingPointError):
     """Raised by the update before a non-finite loss or gradient reaches the parameters."""
+
+
+class UnknownPolicyKwargError(validation.InvalidSettingError, TypeError):
+    """A ``policy_kwargs`` key the policy class does not take (a ``TypeError``, as the policy's constructor raises)."""
+
+
+class NoTrustRegionWarning(UserWarning):
+    """``clip_range=None`` with ``kl_coef=0``: the objective has neither a clipped surrogate nor a KL penalty."""
 
 
 class Minibatch(NamedTuple):
@@ -497,6 +506,45 @@ class ExtUpdateEngine:
             f"You must use {fitting} when working with a {type(self.observation_space).__name__} observation space, not {name}"
         )
 
+    def _get_policy_from_name(self, policy_name: str) -> type:
+        """
+        The policy class of an alias, as SB3's; an unknown alias is a ``ValueError`` that lists this
+        class's aliases and names the class of this package whose alias it is (``"MlpLstmPolicy"``:
+        ``RecurrentPPOExt``).
+        """
+        aliases: dict[str, type] = getattr(self, "policy_aliases", {})
+        if policy_name in aliases:
+            return aliases[policy_name]
+        owners = sorted(
+            {cls.__name__ for cls in _engine_classes() if policy_name in getattr(cls, "policy_aliases", {})}
+            - {type(self).__name__}
+        )
+        hint = f"; {policy_name!r} is a policy of {' and '.join(owners)}" if owners else ""
+        raise ValueError(
+            f"Policy {policy_name!r} unknown for {type(self).__name__}: expected one of {sorted(aliases)} or a policy "
+            f"class{hint}"
+        )
+
+    def _check_policy_kwargs_names(self) -> None:
+        """
+        An :class:`UnknownPolicyKwargError` for a ``policy_kwargs`` key that the policy class's
+        constructor chain does not take, with the closest valid name (as the settings check says it
+        for rl-zoo3's ``-params``), instead of the constructor's bare ``TypeError``.
+        """
+        from sb3_ppo_ext.settings import policy_parameters, unknown_key
+
+        if not isinstance(self.policy_class, type) or not isinstance(self.policy_kwargs, dict):
+            return
+        parameters = sorted(policy_parameters(self.policy_class))
+        unknown = [key for key in self.policy_kwargs if key not in parameters]
+        if unknown:
+            where = f" in policy_kwargs of {self.policy_class.__name__}"
+            raise UnknownPolicyKwargError(
+                f"{type(self).__name__}: "
+                + "; ".join(unknown_key(key, parameters, where) for key in unknown)
+                + f"; valid keys: {', '.join(parameters)}"
+            )
+
     def _setup_model(self) -> None:
         # Checked again here because ``load(path, **kwargs)`` sets the saved attributes and its
         # keyword arguments without __init__: the same checks as the constructor's (see
@@ -522,6 +570,15 @@ class ExtUpdateEngine:
         self.current_kl_coef = self._live_kl_coef(previous)
         self._normalise_settings()
         self._check_policy_fits_observations()
+        self._check_policy_kwargs_names()
+        if self.clip_range is None and not self.kl_coef > 0:
+            warnings.warn(
+                f"{type(self).__name__}: clip_range=None with kl_coef=0 leaves no trust region (neither the clipped "
+                "surrogate nor the KL penalty): every epoch follows the plain policy gradient of the ratio; set "
+                "clip_range (e.g. 0.2) or kl_coef > 0 (e.g. kl_coef=1.0, kl_target=0.01)",
+                NoTrustRegionWarning,
+                stacklevel=3,
+            )
         # Upstream's ``_setup_model`` wraps ``clip_range`` in a FloatSchedule unconditionally, which
         # rejects ``None`` (clipping off): it gets a stand-in, and ``None`` is put back afterwards.
         clipping_off = self.clip_range is None
@@ -898,6 +955,15 @@ class ExtUpdateEngine:
             raise ModelFileError(f"{cls.__name__}.load: {path} does not fit the given env: {error}") from error
 
 
+def _engine_classes() -> Iterator[type]:
+    """Every class built on the engine (PPOExt, MaskablePPOExt, RecurrentPPOExt and their subclasses)."""
+    pending = list(ExtUpdateEngine.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        yield cls
+
+
 def checked_argument_names() -> frozenset[str]:
     """The names of the algorithms' arguments that :meth:`ExtUpdateEngine._check_arguments` checks."""
     names = set(inspect.signature(ExtUpdateEngine._check_arguments).parameters) | set(validation.PPO_ARGUMENT_CHECKS)
@@ -913,4 +979,11 @@ def checked_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in arguments.items() if name in names}
 
 
-__all__ = ["ExtUpdateEngine", "Minibatch", "NonFiniteLossError", "checked_arguments"]
+__all__ = [
+    "ExtUpdateEngine",
+    "Minibatch",
+    "NoTrustRegionWarning",
+    "NonFiniteLossError",
+    "UnknownPolicyKwargError",
+    "checked_arguments",
+]

@@ -301,7 +301,7 @@ class _NotLiteral:
 _NOT_LITERAL = _NotLiteral()
 
 
-def _unknown(key: Any, allowed: list[str], where: str = "") -> str:
+def unknown_key(key: Any, allowed: list[str], where: str = "") -> str:
     close = difflib.get_close_matches(str(key), allowed, n=1)
     return f"unknown key {key!r}{where}" + (f" (did you mean '{close[0]}'?)" if close else "")
 
@@ -387,7 +387,7 @@ def _policy_kwargs_problems(algorithm: type, policy: Any, policy_kwargs: Any) ->
     problems = []
     for key, value in policy_kwargs.items():
         if key not in parameters:
-            problems.append(_unknown(key, sorted(parameters), f" in policy_kwargs of {policy_class.__name__}"))
+            problems.append(unknown_key(key, sorted(parameters), f" in policy_kwargs of {policy_class.__name__}"))
         elif problem := _policy_kwarg_problem(key, value, parameters[key]):
             problems.append(problem)
     if not problems and (problem := _check(validation.check_policy_kwargs_together, policy_kwargs)):
@@ -411,7 +411,7 @@ def _normalize_problem(value: Any) -> str | None:
     if not isinstance(value, Mapping):
         return _wrong_type("normalize", value, "bool or a mapping of VecNormalize arguments")
     allowed = sorted(set(inspect.signature(VecNormalize.__init__).parameters) - {"self", "venv"})
-    unknown = [_unknown(key, allowed, " in normalize") for key in value if key not in allowed]
+    unknown = [unknown_key(key, allowed, " in normalize") for key in value if key not in allowed]
     return "; ".join(unknown) or None
 
 
@@ -482,7 +482,7 @@ def entry_problems(entry: Any, algo: str = DEFAULT_ALGO, whole: bool = True) -> 
         if key in RESERVED_KEYS:
             problems.append(f"'{key}' is set by rl-zoo3 itself (use its command-line option instead)")
         elif not isinstance(key, str) or key not in allowed:
-            problems.append(_unknown(key, allowed))
+            problems.append(unknown_key(key, allowed))
         elif key in ZOO_KEY_CHECKS:
             if problem := ZOO_KEY_CHECKS[key](key, value):
                 problems.append(problem)

@@ -4,7 +4,8 @@
 ``ppo_ext.yml`` entry as its first trial, so the study starts from the shipped settings and its
 best trial is never worse than them on the study's own measure. Then run rl-zoo3's workers on the
 same storage and study name (any number, on any machines for a database storage). ``best`` prints
-the best trial as a ``ppo_ext.yml`` entry marked ``# Tuned`` with the study command, next to the
+the best trial as a ``ppo_ext.yml`` entry marked ``# Tuned`` with the study command (``# Candidate``
+for a study of fewer than ``--min-trials`` finished trials, 50 by default), next to the
 shipped entry's own result in the same study. ``status`` prints a study's progress (trials by state,
 the best complete trial, the shipped entry's result); ``scripts/benchmark_report.py --study`` puts
 the same line in the report.
@@ -33,6 +34,8 @@ from sb3_ppo_ext.hyperparams import PPO_EXT_YML, load_hyperparams
 from sb3_ppo_ext.samplers import convert_zoo_params, make_storage, params_from_zoo_entry
 
 SHIPPED_ATTR = "shipped_entry"
+# Finished (complete or pruned) trials a study needs for its best trial to be called tuned.
+MIN_TUNED_TRIALS = 50
 
 
 def _is_continuous(env_id: str) -> bool:
@@ -87,12 +90,18 @@ def describe(study: optuna.Study) -> tuple[optuna.trial.FrozenTrial, optuna.tria
     return best, (shipped if shipped in complete else None), len(complete)
 
 
-def entry_yaml(env_id: str, study: optuna.Study, command: str | None) -> str:
-    """The ``# Tuned`` yml block for ``env_id`` from the study's best trial."""
+def entry_yaml(env_id: str, study: optuna.Study, command: str | None, min_trials: int = MIN_TUNED_TRIALS) -> str:
+    """
+    The yml block for ``env_id`` from the study's best trial: marked ``# Tuned`` when the study has
+    at least ``min_trials`` finished (complete or pruned) trials, else ``# Candidate`` (a smaller
+    study's best is a lead to validate, not a tuned entry; the report lists ``# Tuned`` entries only).
+    """
     best, shipped, n_complete = describe(study)
     n_pruned = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,)))
+    finished = n_complete + n_pruned
+    label = "Tuned" if finished >= min_trials else f"Candidate (not tuned: {finished} finished trials < {min_trials})"
     lines = [
-        f"# Tuned: best of {n_complete} complete trials ({n_pruned} pruned) of study {study.study_name!r}: "
+        f"# {label}: best of {n_complete} complete trials ({n_pruned} pruned) of study {study.study_name!r}: "
         f"trial {best.number}, {best.value:.1f}"
     ]
     if shipped is not None and best.number == shipped.number:
@@ -136,6 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--storage", required=True, help="as rl-zoo3's --storage: database URL or journal file")
     parser.add_argument("--study-name", required=True)
     parser.add_argument("--command", help="the study command to record in the # Tuned comment")
+    parser.add_argument(
+        "--min-trials",
+        type=int,
+        default=MIN_TUNED_TRIALS,
+        help="finished trials a study needs for its best entry to be marked # Tuned (else # Candidate)",
+    )
     args = parser.parse_args(argv)
     if args.action == "seed":
         study = seed_study(args.env, args.storage, args.study_name)
@@ -148,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "status":
         print(study_status(study))
         return 0
-    sys.stdout.write(entry_yaml(args.env, study, args.command))
+    sys.stdout.write(entry_yaml(args.env, study, args.command, args.min_trials))
     return 0
 
 

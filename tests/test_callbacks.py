@@ -9,6 +9,7 @@ import re
 import site
 import subprocess
 import sys
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -444,6 +445,21 @@ def test_hparams_written_to_tensorboard(tmp_path):
     value_loss = events.Scalars("train/value_loss")
     assert value_loss[-1].step == 64 and np.isfinite(value_loss[-1].value)
     assert events.Scalars("rollout/ep_len_mean")[-1].value == 8
+
+
+def test_hparams_without_a_tensorboard_logger_warns_and_writes_nothing(tmp_path):
+    from sb3_ppo_ext.callbacks import HParamsWarning
+
+    model = PPOExt("MlpPolicy", StepEnv(), **PPO_TINY)
+    model.set_logger(configure(str(tmp_path), ["csv"]))
+    with pytest.warns(HParamsWarning, match=r"no TensorBoard logger.*tensorboard_log"):
+        model.learn(32, callback=HParamsCallback())
+    assert not list(tmp_path.glob("events.out.tfevents*"))
+    with_tensorboard = PPOExt("MlpPolicy", StepEnv(), **PPO_TINY)
+    with_tensorboard.set_logger(configure(str(tmp_path / "tb"), ["tensorboard"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HParamsWarning)
+        with_tensorboard.learn(32, callback=HParamsCallback())
 
 
 # ---------------------------------------------------------------- configuration errors

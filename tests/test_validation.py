@@ -188,3 +188,47 @@ def test_check_arguments_stays_callable_with_its_keyword_arguments():
         PPOExt._check_arguments(**arguments, n_epochs=0)
     with pytest.raises(TypeError, match="unexpected arguments"):
         PPOExt._check_arguments(**arguments, n_epoch=3)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "policy", "env_id", "owner"),
+    [
+        ("RecurrentPPOExt", "MlpPolicy", "Pendulum-v1", "MaskablePPOExt and PPOExt"),
+        ("PPOExt", "MlpLstmPolicy", "Pendulum-v1", "RecurrentPPOExt"),
+        ("PPOExt", "NoSuchPolicy", "Pendulum-v1", None),
+    ],
+)
+def test_an_unknown_policy_alias_lists_the_aliases_and_the_class_it_belongs_to(algorithm, policy, env_id, owner):
+    import sb3_ppo_ext
+
+    cls = getattr(sb3_ppo_ext, algorithm)
+    with pytest.raises(ValueError, match=rf"Policy '{policy}' unknown for {algorithm}: expected one of \[") as error:
+        cls(policy, env_id, **TINY)
+    if owner is None:
+        assert "is a policy of" not in str(error.value)
+    else:
+        assert f"'{policy}' is a policy of {owner}" in str(error.value)
+
+
+@pytest.mark.parametrize("algorithm", ["PPOExt", "RecurrentPPOExt"])
+def test_a_policy_kwargs_typo_from_python_names_the_closest_key(algorithm):
+    import sb3_ppo_ext
+    from sb3_ppo_ext.engine import UnknownPolicyKwargError
+
+    policy = "MlpLstmPolicy" if algorithm == "RecurrentPPOExt" else "MlpPolicy"
+    with pytest.raises(
+        TypeError, match=r"unknown key 'squash_outputs' in policy_kwargs of .*did you mean 'squash_output'"
+    ) as error:
+        getattr(sb3_ppo_ext, algorithm)(policy, "Pendulum-v1", policy_kwargs=dict(squash_outputs=False), **TINY)
+    assert isinstance(error.value, UnknownPolicyKwargError) and isinstance(error.value, ValueError)
+
+
+def test_no_trust_region_warns_and_a_trust_region_does_not():
+    from sb3_ppo_ext.engine import NoTrustRegionWarning
+
+    with pytest.warns(NoTrustRegionWarning, match=r"clip_range=None with kl_coef=0 leaves no trust region"):
+        PPOExt("MlpPolicy", "Pendulum-v1", clip_range=None, **TINY)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NoTrustRegionWarning)
+        PPOExt("MlpPolicy", "Pendulum-v1", clip_range=None, kl_coef=1.0, **TINY)
+        PPOExt("MlpPolicy", "Pendulum-v1", **TINY)
