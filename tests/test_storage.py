@@ -78,3 +78,30 @@ def test_password_free_urls_are_shown_whole():
     for url in ("sqlite:///study.db", "postgresql://user@db-host:5432/optuna?sslmode=require", "postgresql://u:p%40ss@h/db"):
         expected = url.replace(":p%40ss@", ":***@")
         assert storage._mask_password(url) == expected
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")  # study.ask()
+def test_trial_budget_callback_fails_a_dead_workers_trial_and_stops_at_the_budget(tmp_path):
+    """
+    rl-zoo3's ``--max-total-trials`` counts RUNNING trials: a dead worker's trial (its heartbeat
+    stopped) would end the study one short. ``TrialBudgetCallback`` fails it first (Optuna re-queues
+    a copy) and stops the study once the budget of trials has finished.
+    """
+    import time
+
+    import optuna
+
+    from sb3_ppo_ext.zoo import TrialBudgetCallback
+
+    db = samplers.make_storage(f"sqlite:///{tmp_path / 'study.db'}", heartbeat_interval=1, grace_period=1)
+    study = optuna.create_study(storage=db, study_name="budget")
+    dead = study.ask()  # a worker that started a trial and died: its heartbeat stops
+    db.record_heartbeat(dead._trial_id)
+    time.sleep(2.5)  # past the grace period
+    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.PRUNED)
+    budget = TrialBudgetCallback(poll_seconds=0.2, n_trials=3, states=states)
+    study.optimize(lambda trial: trial.suggest_float("x", 0.0, 1.0), n_trials=10, callbacks=[budget])
+    by_state = {state: [t.number for t in study.trials if t.state == state] for state in optuna.trial.TrialState}
+    assert by_state[optuna.trial.TrialState.FAIL] == [dead.number]
+    assert len(by_state[optuna.trial.TrialState.COMPLETE]) == 3  # the budget, all finished
+    assert not by_state[optuna.trial.TrialState.RUNNING] and not by_state[optuna.trial.TrialState.WAITING]
