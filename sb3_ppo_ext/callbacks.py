@@ -134,6 +134,13 @@ class KLAdaptiveLR(_AfterUpdateCallback):
     original schedule, and ``save`` / ``load`` keep it (``load`` rebuilds ``lr_schedule`` from
     ``learning_rate``).
 
+    With per-network rates (``policy_kwargs["learning_rates"]``) the callback adapts both
+    proportionally: it adapts the actor's rate (``pi``, within ``[min_lr, max_lr]``) and sets the
+    critic's (``vf``) to it times their ratio when the callback started, replacing both schedules
+    by constants (``policy.replace_learning_rates``, and ``model.policy_kwargs`` so that ``save`` /
+    ``load`` keep them); ``train()`` applies and records them as ``train/learning_rate_pi`` and
+    ``train/learning_rate_vf``.
+
     :param target_kl: Target KL per update, > 0
     :param kl_factor: Tolerance band: the rate changes only when the KL leaves
         ``[target_kl / kl_factor, target_kl * kl_factor]`` (rl_games: 2), > 1
@@ -167,17 +174,31 @@ class KLAdaptiveLR(_AfterUpdateCallback):
             raise ValueError(f"kl_key={kl_key!r} is invalid: expected a logger key such as 'train/kl', or None")
         self.kl_key = kl_key
         self.learning_rate = float("nan")
+        self._vf_ratio: float | None = None
 
     def _init_callback(self) -> None:
         super()._init_callback()
-        current = float(self.model.lr_schedule(self.model._current_progress_remaining))
+        progress = self.model._current_progress_remaining
+        schedules = getattr(self.model.policy, "learning_rate_schedules", None)
+        if schedules is None:
+            current = float(self.model.lr_schedule(progress))
+            self._vf_ratio = None
+        else:  # per-network rates: the callback adapts the actor's, the critic's keeps its ratio to it
+            current = float(schedules["pi"](progress))
+            self._vf_ratio = float(schedules["vf"](progress)) / current
         self._set_learning_rate(min(max(current, self.min_lr), self.max_lr))
 
     def _set_learning_rate(self, learning_rate: float) -> None:
         self.learning_rate = learning_rate
         self.model.learning_rate = learning_rate
         self.model.lr_schedule = FloatSchedule(learning_rate)
-        update_learning_rate(self.model.policy.optimizer, learning_rate)
+        if self._vf_ratio is None:
+            update_learning_rate(self.model.policy.optimizer, learning_rate)
+            return
+        rates = {"pi": learning_rate, "vf": learning_rate * self._vf_ratio}
+        self.model.policy.replace_learning_rates(rates)
+        # What save/load rebuilds the policy from (a new dict: the caller's policy_kwargs stay as given).
+        self.model.policy_kwargs = {**self.model.policy_kwargs, "learning_rates": rates}
 
     def next_learning_rate(self, kl: float) -> float:
         """

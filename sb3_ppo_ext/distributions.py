@@ -1,10 +1,15 @@
-"""Tanh-squashed Gaussian action distribution and analytic KL helpers.
+"""Tanh-squashed Gaussian and Beta action distributions, and analytic KL helpers.
 
 The squashed head works on the *pre-squash* sample ``u``: the policy returns ``u``, the rollout
 buffer stores ``u`` and the environment receives ``a = low + (tanh(u) + 1) / 2 * (high - low)``
 (see :meth:`sb3_ppo_ext.policies.PPOExtActorCriticPolicy.unscale_action`). Scoring the stored ``u``
 instead of inverting a saturated float32 action through ``atanh`` is what keeps the PPO ratio
 exact (SB3's ``SquashedDiagGaussianDistribution`` inverts the action and is off for ``|u| > ~9``).
+
+The Beta head (:class:`BetaDistribution`) works the same way on the *logit* ``u = log(x / (1 - x))``
+of its Beta sample ``x`` in (0, 1): the environment receives ``a = low + sigmoid(u) * (high - low)``.
+A float32 ``x`` rounds to 1 from ``1 - 6e-8`` on, where ``log(1 - x)`` is ``-inf``; its logit is
+finite, and ``log x = -softplus(-u)``, ``log(1 - x) = -softplus(u)`` are exact for any finite ``u``.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ from stable_baselines3.common.distributions import (
     StateDependentNoiseDistribution,
 )
 from torch import nn
-from torch.distributions import Bernoulli, Categorical, Normal
+from torch.distributions import Bernoulli, Beta, Categorical, Gamma, Normal
 from torch.distributions import kl_divergence as th_kl_divergence
+from torch.nn import functional as F
 
 ENTROPY_ESTIMATORS = ("sample", "gaussian", "mc")
 _TWO_LOG_TWO = 2.0 * math.log(2.0)
@@ -141,13 +147,105 @@ class TanhSquashedDistribution(Distribution):
         return actions, self.log_prob(actions)
 
 
+class BetaDistribution(Distribution):
+    """
+    Beta(alpha, beta) per action dimension, rescaled to the action space's ``[low, high]`` (Chou et
+    al. 2017), with ``alpha = 1 + softplus(z_alpha)`` and ``beta = 1 + softplus(z_beta)`` from one
+    linear head of ``2 * action_dim`` outputs on the actor's latent: both exceed 1, so the density
+    is unimodal and vanishes at the bounds.
+
+    Everything that SB3 calls an "action" on this distribution is the *logit* ``u`` of the Beta
+    sample ``x = sigmoid(u)`` (``get_actions``, ``sample``, ``mode``, ``log_prob``'s argument):
+    that is what the rollout buffer keeps, and the environment receives
+    ``a = low + sigmoid(u) * (high - low)``. ``log_prob(u)`` is the exact log-density of the
+    environment action:
+
+    ``log p(a) = sum [(alpha - 1) log x + (beta - 1) log(1 - x) - log B(alpha, beta)] - sum log(high - low)``
+
+    with ``log x = -softplus(-u)`` and ``log(1 - x) = -softplus(u)``, finite for any finite ``u``.
+    Samples are drawn as ``u = log G_alpha - log G_beta`` from two Gamma variables
+    (``G_alpha / (G_alpha + G_beta)`` is Beta(alpha, beta)), so a sample at ``x = 1 - 1e-8`` keeps
+    its logit ``~18.4`` instead of rounding to ``x = 1``.
+
+    :param action_dim: number of action dimensions
+    :param log_range_sum: ``sum(log(high - low))`` over the action dimensions of non-zero width
+    """
+
+    def __init__(self, action_dim: int, log_range_sum: float = 0.0):
+        super().__init__()
+        self.action_dim = action_dim
+        self.log_range_sum = log_range_sum
+        self.alpha_minus_one: th.Tensor | None = None
+        self.beta_minus_one: th.Tensor | None = None
+
+    def proba_distribution_net(self, latent_dim: int) -> nn.Module:  # type: ignore[override]
+        """One linear layer giving ``(z_alpha, z_beta)``, ``2 * action_dim`` outputs."""
+        return nn.Linear(latent_dim, 2 * self.action_dim)
+
+    def proba_distribution(self, params: th.Tensor) -> BetaDistribution:  # type: ignore[override]
+        """
+        :param params: the head's output ``(z_alpha, z_beta)``, shape ``(batch, 2 * action_dim)``
+        :return: self, parametrised
+        """
+        z_alpha, z_beta = params.split(self.action_dim, dim=-1)
+        # alpha - 1 and beta - 1 are kept as computed: 1 + softplus(z) rounds softplus(z) < 6e-8 away.
+        self.alpha_minus_one, self.beta_minus_one = F.softplus(z_alpha), F.softplus(z_beta)
+        self.distribution = Beta(1.0 + self.alpha_minus_one, 1.0 + self.beta_minus_one, validate_args=False)
+        return self
+
+    def log_prob(self, actions: th.Tensor) -> th.Tensor:
+        """
+        :param actions: logits ``u`` of the Beta samples (what the rollout buffer stores)
+        :return: log-density of the environment action, summed over action dimensions
+        """
+        assert self.alpha_minus_one is not None and self.beta_minus_one is not None
+        beta: Beta = self.distribution
+        alpha, beta_ = beta.concentration1, beta.concentration0
+        log_x, log_one_minus_x = -F.softplus(-actions), -F.softplus(actions)
+        # log B(alpha, beta) in float64: in float32, lgamma(alpha) - lgamma(alpha + beta) cancels to 0 for alpha ~ 1e8.
+        alpha64, beta64 = alpha.double(), beta_.double()
+        log_beta_function = (th.lgamma(alpha64) + th.lgamma(beta64) - th.lgamma(alpha64 + beta64)).to(actions.dtype)
+        per_dimension = self.alpha_minus_one * log_x + self.beta_minus_one * log_one_minus_x - log_beta_function
+        return per_dimension.sum(dim=-1) - self.log_range_sum
+
+    def entropy(self) -> th.Tensor:
+        """Closed-form entropy of the environment action: the Beta's, plus ``sum log(high - low)``."""
+        return self.distribution.entropy().sum(dim=-1) + self.log_range_sum
+
+    def sample(self) -> th.Tensor:
+        """A logit ``u = log G_alpha - log G_beta`` (no gradient, like SB3's ``sample``)."""
+        beta: Beta = self.distribution
+        alpha, beta_ = beta.concentration1, beta.concentration0
+        g_alpha = Gamma(alpha, th.ones_like(alpha), validate_args=False).sample()
+        g_beta = Gamma(beta_, th.ones_like(beta_), validate_args=False).sample()
+        return g_alpha.log() - g_beta.log()
+
+    def mode(self) -> th.Tensor:
+        """
+        The logit of the mode ``(alpha - 1) / (alpha + beta - 2)``: ``log(alpha - 1) - log(beta - 1)``
+        (``alpha - 1`` and ``beta - 1`` floored at the smallest normal float, so that it stays finite).
+        """
+        assert self.alpha_minus_one is not None and self.beta_minus_one is not None
+        tiny = th.finfo(self.alpha_minus_one.dtype).tiny
+        return self.alpha_minus_one.clamp_min(tiny).log() - self.beta_minus_one.clamp_min(tiny).log()
+
+    def actions_from_params(self, params: th.Tensor, deterministic: bool = False) -> th.Tensor:  # type: ignore[override]
+        self.proba_distribution(params)
+        return self.get_actions(deterministic=deterministic)
+
+    def log_prob_from_params(self, params: th.Tensor) -> tuple[th.Tensor, th.Tensor]:  # type: ignore[override]
+        actions = self.actions_from_params(params)
+        return actions, self.log_prob(actions)
+
+
 def torch_distributions(dist: Distribution) -> list[th.distributions.Distribution]:
     """
     The torch distribution(s) behind an SB3 distribution, with the batch as first dimension.
 
     For the squashed head this is the base Gaussian: ``tanh`` and the affine map are
     bijections, so the KL divergence between two squashed Gaussians equals the KL between
-    their base Gaussians.
+    their base Gaussians. For the Beta head it is the ``Beta`` on (0, 1), likewise (the map to
+    ``[low, high]`` is affine).
 
     :param dist: a parametrised SB3 distribution
     :return: list of torch distributions whose KL terms add up to the KL of ``dist``
@@ -166,6 +264,7 @@ def torch_distributions(dist: Distribution) -> list[th.distributions.Distributio
             CategoricalDistribution,
             BernoulliDistribution,
             MaskableCategoricalDistribution,
+            BetaDistribution,
         ),
     ):
         return [dist.distribution]
@@ -183,7 +282,7 @@ def index_distribution(
     """
     Select rows of a batched torch distribution.
 
-    :param dist: a ``Normal``, ``Categorical`` or ``Bernoulli`` with the batch as first dimension
+    :param dist: a ``Normal``, ``Beta``, ``Categorical`` or ``Bernoulli`` with the batch as first dimension
     :param index: rows to keep
     :param detach: whether to detach the parameters
     :return: a distribution of the same type over the selected rows
@@ -195,6 +294,8 @@ def index_distribution(
 
     if isinstance(dist, Normal):
         return Normal(take(dist.loc), take(dist.scale), validate_args=False)
+    if isinstance(dist, Beta):
+        return Beta(take(dist.concentration1), take(dist.concentration0), validate_args=False)
     if isinstance(dist, Categorical):
         return Categorical(logits=take(dist.logits), validate_args=False)
     if isinstance(dist, Bernoulli):
@@ -209,6 +310,9 @@ def concat_distributions(chunks: list[list[th.distributions.Distribution]]) -> l
         first = parts[0]
         if isinstance(first, Normal):
             out.append(Normal(th.cat([p.loc for p in parts]), th.cat([p.scale for p in parts]), validate_args=False))
+        elif isinstance(first, Beta):
+            alphas, betas = th.cat([p.concentration1 for p in parts]), th.cat([p.concentration0 for p in parts])
+            out.append(Beta(alphas, betas, validate_args=False))
         elif isinstance(first, Categorical):
             out.append(Categorical(logits=th.cat([p.logits for p in parts]), validate_args=False))
         elif isinstance(first, Bernoulli):
@@ -292,8 +396,12 @@ def indexed_analytic_kl(
 
 
 def mean_std(dists: list[th.distributions.Distribution]) -> float | None:
-    """Mean standard deviation of Gaussian distributions (``None`` for discrete ones)."""
-    scales = [d.scale for d in dists if isinstance(d, Normal)]
+    """
+    Mean standard deviation of Gaussian distributions (the pre-squash ``u``'s for the squashed head)
+    or of Beta distributions on (0, 1), i.e. the action's std as a fraction of its range ``high - low``
+    (``None`` for discrete ones).
+    """
+    scales = [d.scale if isinstance(d, Normal) else d.variance.sqrt() for d in dists if isinstance(d, (Normal, Beta))]
     if not scales:
         return None
     return float(th.cat([s.flatten() for s in scales]).mean().item())

@@ -41,7 +41,7 @@ from gymnasium import spaces
 from stable_baselines3.common.buffers import BaseBuffer
 from stable_baselines3.common.type_aliases import GymEnv, PyTorchObs
 from stable_baselines3.common.utils import explained_variance
-from torch.distributions import Normal
+from torch.distributions import Beta, Normal
 
 from sb3_ppo_ext import losses, validation
 from sb3_ppo_ext.distributions import (
@@ -259,6 +259,8 @@ class RolloutDistributions:
 
 
 def _device_of(dist: th.distributions.Distribution) -> th.device:
+    if isinstance(dist, Beta):
+        return dist.concentration1.device
     return (dist.loc if isinstance(dist, Normal) else dist.logits).device
 
 
@@ -658,6 +660,21 @@ class ExtUpdateEngine:
 
     # ---- the update -----------------------------------------------------------------------------
 
+    def _update_learning_rates(self) -> None:
+        """
+        Upstream's ``_update_learning_rate`` (every parameter group at ``lr_schedule``, logged as
+        ``train/learning_rate``), or, for a policy with per-network rates (``policy_kwargs["learning_rates"]``),
+        each group at its own schedule (``policy.set_learning_rates``), logged as ``train/learning_rate_pi``
+        and ``train/learning_rate_vf``, with ``train/learning_rate`` the actor's rate.
+        """
+        if getattr(self.policy, "learning_rate_schedules", None) is None:
+            self._update_learning_rate(self.policy.optimizer)  # type: ignore[attr-defined]
+            return
+        rates = self.policy.set_learning_rates(self._current_progress_remaining)
+        self.logger.record("train/learning_rate", rates["pi"])
+        self.logger.record("train/learning_rate_pi", rates["pi"])
+        self.logger.record("train/learning_rate_vf", rates["vf"])
+
     def _raise_non_finite(self, what: str, epoch: int, terms: dict[str, th.Tensor]) -> None:
         details = ", ".join(f"{name}={value.item():.6g}" for name, value in terms.items() if value.dim() == 0)
         self.policy.optimizer.zero_grad()
@@ -777,7 +794,7 @@ class ExtUpdateEngine:
         if old_distributions is None:
             old_distributions = self._rollout_distributions()
         self.policy.set_training_mode(True)
-        self._update_learning_rate(self.policy.optimizer)  # type: ignore[attr-defined]
+        self._update_learning_rates()
         progress = self._current_progress_remaining
         clip_range = None if self.clip_range is None else float(self.clip_range(progress))
         clip_range_vf = None if self.clip_range_vf is None else float(self.clip_range_vf(progress))
@@ -881,8 +898,10 @@ class ExtUpdateEngine:
         if std is not None:
             record("train/std", std)
         if getattr(self.policy, "squash_output", False) and isinstance(self.action_space, spaces.Box):
-            # A mean over every stored pre-squash action: no need to flatten the buffer or copy it into torch.
-            saturated = np.abs(np.tanh(self.rollout_buffer.actions)) > SATURATION_THRESHOLD
+            # A mean over every stored pre-squash action (or Beta logit): no need to flatten the buffer or copy it into torch.
+            actions = self.rollout_buffer.actions
+            unit = self.policy.unit_actions(actions) if hasattr(self.policy, "unit_actions") else np.tanh(actions)
+            saturated = np.abs(unit) > SATURATION_THRESHOLD
             record("train/action_saturation", float(saturated.mean()))
         explained_var = explained_variance(self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten())
         record("train/explained_variance", explained_var)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -19,6 +20,7 @@ from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppo_ext.engine import ExtUpdateEngine, checked_arguments, flat_observations, flat_rollout, index_observations
 from sb3_ppo_ext.envs import masks_of, without_masks
+from sb3_ppo_ext.policies import NetworkLearningRates
 
 SelfMaskablePPOExt = TypeVar("SelfMaskablePPOExt", bound="MaskablePPOExt")
 
@@ -105,7 +107,7 @@ def observation_rows(observation: Any, observation_space: spaces.Space) -> int:
     return max(1, np.size(observation) // max(1, int(np.prod(observation_space.shape))))
 
 
-class MaskablePPOExtPolicy(MaskableActorCriticPolicy):
+class MaskablePPOExtPolicy(NetworkLearningRates, MaskableActorCriticPolicy):
     """
     sb3-contrib's ``MaskableActorCriticPolicy`` whose ``evaluate_actions`` can also return the
     masked action distribution, so that the KL penalty needs no second forward pass. The network,
@@ -114,16 +116,25 @@ class MaskablePPOExtPolicy(MaskableActorCriticPolicy):
     :param args: arguments of ``MaskableActorCriticPolicy``
     :param squash_output: accepted for symmetry with PPOExt's policies: masked action spaces are
         discrete, so only ``None`` or ``False`` is valid
+    :param learning_rates: the actor's and the critic's own learning rates, as in
+        :class:`sb3_ppo_ext.policies.PPOExtActorCriticPolicy` (``None``: upstream's one group)
     :param kwargs: keyword arguments of ``MaskableActorCriticPolicy``
     """
 
-    def __init__(self, *args: Any, squash_output: bool | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        squash_output: bool | None = None,
+        learning_rates: Mapping[str, float | str | Callable[[float], float]] | None = None,
+        **kwargs: Any,
+    ):
         if squash_output is not None and squash_output is not False:
             raise ValueError(
                 f"squash_output={squash_output!r} is invalid for MaskablePPOExt: its action spaces (Discrete, "
                 "MultiDiscrete, MultiBinary) are discrete and have no squashed head; expected None or False"
             )
         super().__init__(*args, **kwargs)
+        self._init_network_learning_rates(learning_rates)
 
     def evaluate_actions_and_distribution(
         self,

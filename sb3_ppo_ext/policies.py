@@ -1,8 +1,9 @@
-"""Actor-critic policies with an exact tanh-squashed Gaussian head."""
+"""Actor-critic policies with an exact tanh-squashed Gaussian head, a Beta head and per-network learning rates."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -13,25 +14,89 @@ from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.preprocessing import get_action_dim
 from stable_baselines3.common.torch_layers import CombinedExtractor, NatureCNN
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
+from stable_baselines3.common.utils import FloatSchedule, LinearSchedule
 from torch import nn
 
-from sb3_ppo_ext.distributions import ENTROPY_ESTIMATORS, TanhSquashedDistribution, rescale_tanh64
-from sb3_ppo_ext.validation import InvalidSettingError, check_bool, check_policy_kwargs
+from sb3_ppo_ext.distributions import ENTROPY_ESTIMATORS, BetaDistribution, TanhSquashedDistribution, rescale_tanh64
+from sb3_ppo_ext.validation import (
+    InvalidSettingError,
+    check_action_dist_together,
+    check_bool,
+    check_network_learning_rates,
+    check_policy_kwargs,
+)
 
 DEFAULT_LOG_STD_BOUNDS = (-5.0, 2.0)
 DEFAULT_ENTROPY_ESTIMATOR = "mc"
 
 
-def _check_squashable_bounds(action_space: spaces.Space) -> None:
-    """A ValueError unless every bound of a Box action space is finite (the squashed head maps onto [low, high])."""
+# Prefixes (in ``named_parameters``) of the critic's parameters; every other parameter is the actor's,
+# except a features extractor shared by both (``share_features_extractor=True``).
+_CRITIC_PREFIXES = ("mlp_extractor.value_net.", "value_net.", "vf_features_extractor.", "lstm_critic.", "critic.")
+_SHARED_PREFIX = "features_extractor."
+NETWORKS = ("pi", "vf")
+
+
+def _check_squashable_bounds(action_space: spaces.Space, action_dist: str = "gaussian") -> None:
+    """A ValueError unless every bound of a Box action space is finite (the squashed and Beta heads map onto [low, high])."""
     if not isinstance(action_space, spaces.Box):
         return
     low, high = action_space.low.astype(np.float64), action_space.high.astype(np.float64)
     if not (np.isfinite(low).all() and np.isfinite(high).all()):
+        setting = "action_dist='beta'" if action_dist == "beta" else "squash_output=True"
         raise InvalidSettingError(
-            f"squash_output=True needs finite action bounds, got low={action_space.low} high={action_space.high}; "
+            f"{setting} needs finite action bounds, got low={action_space.low} high={action_space.high}; "
             "use policy_kwargs=dict(squash_output=False) (Gaussian plus clipping) for unbounded actions"
         )
+
+
+def learning_rate_schedule(name: str, value: float | str | Callable[[float], float]) -> Schedule:
+    """
+    The schedule of one entry of ``learning_rates`` (checked by
+    :func:`sb3_ppo_ext.validation.check_network_learning_rates`): a number is constant, ``"lin_<x>"``
+    is rl-zoo3's linear schedule from ``x`` to 0, a callable of the progress remaining is used as it is.
+
+    :param name: the setting's name, for messages
+    :param value: the entry
+    :return: a schedule of the progress remaining (1 to 0)
+    """
+    if isinstance(value, str):
+        return LinearSchedule(float(value[len("lin_") :]), 0.0, 1.0)
+    if callable(value):
+        return value
+    return FloatSchedule(float(value))
+
+
+def network_parameters(policy: nn.Module) -> dict[str, list[nn.Parameter]]:
+    """
+    The actor's (``"pi"``) and the critic's (``"vf"``) parameters of an actor-critic policy.
+
+    ``"vf"``: the critic's MLP (``mlp_extractor.value_net``), ``value_net``, the critic's own features
+    extractor (``share_features_extractor=False``) and, in an LSTM policy, the critic's LSTM
+    (``lstm_critic``) or its linear layer (``critic``). ``"pi"``: everything else, i.e. the actor's
+    MLP (``mlp_extractor.policy_net``), ``action_net``, ``log_std`` / ``log_std_net`` (or the Beta
+    head, which is ``action_net``), the actor's features extractor and the actor's LSTM (which a
+    ``shared_lstm=True`` critic reads detached: the value loss does not train it).
+
+    :param policy: e.g. a :class:`PPOExtActorCriticPolicy`
+    :return: ``{"pi": [...], "vf": [...]}`` in ``named_parameters`` order
+    :raises InvalidSettingError: a features extractor with parameters shared by the actor and the critic
+    """
+    groups: dict[str, list[nn.Parameter]] = {"pi": [], "vf": []}
+    shared = []
+    for name, parameter in policy.named_parameters():
+        if getattr(policy, "share_features_extractor", False) and name.startswith(_SHARED_PREFIX):
+            shared.append(name)
+        groups["vf" if name.startswith(_CRITIC_PREFIXES) else "pi"].append(parameter)
+    if shared:
+        extractor = type(getattr(policy, "features_extractor", None)).__name__
+        raise InvalidSettingError(
+            f"policy_kwargs.learning_rates needs separate actor and critic networks, but the features extractor "
+            f"({extractor}, {len(shared)} parameter tensors) is shared by both (share_features_extractor=True): its "
+            "gradient mixes the policy and the value losses, so it has no learning rate of its own; set "
+            "policy_kwargs=dict(share_features_extractor=False) to give each network its own extractor"
+        )
+    return groups
 
 
 def _check_boolean_kwargs(kwargs: dict[str, Any]) -> None:
@@ -45,7 +110,75 @@ def _check_boolean_kwargs(kwargs: dict[str, Any]) -> None:
             check_bool(name, kwargs[name], allow_none=True)
 
 
-class PPOExtActorCriticPolicy(ActorCriticPolicy):
+class NetworkLearningRates:
+    """
+    Mixin of this package's actor-critic policies: the ``learning_rates`` setting, i.e. the actor's and the
+    critic's own learning rates through two optimizer parameter groups (``"network": "pi"`` / ``"vf"``).
+    """
+
+    learning_rates: dict[str, Any] | None = None
+    learning_rate_schedules: dict[str, Schedule] | None = None
+    optimizer: th.optim.Optimizer
+    optimizer_class: type[th.optim.Optimizer]
+    optimizer_kwargs: dict[str, Any]
+
+    def _init_network_learning_rates(self, learning_rates: Mapping[str, Any] | None) -> None:
+        """Check ``learning_rates``; if given, one optimizer group per network (called last in ``__init__``)."""
+        check_network_learning_rates("policy_kwargs.learning_rates", learning_rates)
+        self.learning_rates = None if learning_rates is None else dict(learning_rates)
+        self.learning_rate_schedules = None
+        if self.learning_rates is None:
+            return
+        # After every parent's __init__ (sb3-contrib's LSTM policy builds its optimizer last).
+        self.learning_rate_schedules = {
+            network: learning_rate_schedule(f"policy_kwargs.learning_rates.{network}", self.learning_rates[network])
+            for network in NETWORKS
+        }
+        parameters = network_parameters(self)  # type: ignore[arg-type]
+        groups = [
+            {"params": parameters[network], "lr": self.learning_rate_schedules[network](1), "network": network}
+            for network in NETWORKS
+        ]
+        self.optimizer = self.optimizer_class(groups, **self.optimizer_kwargs)  # type: ignore[call-arg]
+
+    def _get_constructor_parameters(self) -> dict[str, Any]:
+        data = super()._get_constructor_parameters()  # type: ignore[misc]
+        data["learning_rates"] = self.learning_rates
+        return data
+
+    def set_learning_rates(self, progress_remaining: float) -> dict[str, float]:
+        """
+        Set each parameter group of the optimizer from its own schedule of ``learning_rates``.
+
+        :param progress_remaining: training progress remaining (1 to 0), as SB3 computes it
+        :return: ``{"pi": rate, "vf": rate}`` as set
+        :raises ValueError: without ``learning_rates``
+        """
+        if self.learning_rate_schedules is None:
+            raise ValueError(f"{type(self).__name__} has no learning_rates: its optimizer has one group")
+        rates = {network: float(schedule(progress_remaining)) for network, schedule in self.learning_rate_schedules.items()}
+        for group in self.optimizer.param_groups:
+            group["lr"] = rates[group["network"]]
+        return rates
+
+    def replace_learning_rates(self, learning_rates: Mapping[str, Any]) -> None:
+        """
+        Replace the ``learning_rates`` (e.g. by constants, as :class:`~sb3_ppo_ext.callbacks.KLAdaptiveLR` does)
+        and set the groups at their value at progress 1; the optimizer's state is kept.
+
+        :param learning_rates: ``{"pi": rate, "vf": rate}``, as the setting takes them
+        """
+        if self.learning_rate_schedules is None:
+            raise ValueError(f"{type(self).__name__} has no learning_rates: its optimizer has one group")
+        check_network_learning_rates("learning_rates", learning_rates)
+        self.learning_rates = dict(learning_rates)
+        self.learning_rate_schedules = {
+            network: learning_rate_schedule(f"learning_rates.{network}", learning_rates[network]) for network in NETWORKS
+        }
+        self.set_learning_rates(1.0)
+
+
+class PPOExtActorCriticPolicy(NetworkLearningRates, ActorCriticPolicy):
     """
     SB3's ``ActorCriticPolicy`` with an exact tanh-squashed Gaussian head for ``Box`` actions.
 
@@ -87,6 +220,21 @@ class PPOExtActorCriticPolicy(ActorCriticPolicy):
         rewards pushing actions into saturation) or ``"sample"`` (SB3's estimate
         ``-mean(log_prob)`` of the stored actions, biased once the policy has moved). Only valid
         with squashing.
+    :param action_dist: the distribution of the ``Box`` action head: ``"gaussian"`` (default; squashed
+        or clipped by ``squash_output``) or ``"beta"``: Beta(alpha, beta) per dimension with
+        ``alpha, beta = 1 + softplus(.)`` of a linear head on the actor's latent, rescaled to
+        ``[low, high]`` (see :class:`sb3_ppo_ext.distributions.BetaDistribution`). The Beta head
+        stores the logit of its sample and is mapped into the bounds by :meth:`unscale_action`, so
+        ``squash_output`` is true for it (``None`` or ``True``; ``False`` is an error), and it
+        excludes ``use_sde``, ``state_dependent_std``, ``log_std_bounds``, ``entropy_estimator`` and
+        a ``log_std_init`` other than 0 (Gaussian settings). Deterministic ``predict`` returns the mode.
+    :param learning_rates: ``{"pi": rate, "vf": rate}``: the actor's and the critic's own learning
+        rate, each a number, a schedule of the progress remaining, or ``"lin_<x>"`` (linear from
+        ``x`` to 0), through two optimizer parameter groups (see :func:`network_parameters` for which
+        parameters are whose). They replace the algorithm's ``learning_rate`` for the optimizer;
+        PPOExt, MaskablePPOExt and RecurrentPPOExt set each group from its schedule at every update.
+        ``None`` (default): one group at the algorithm's ``learning_rate``, as upstream. Needs separate
+        networks: a features extractor with parameters shared by actor and critic is an error.
     :param args: positional arguments of ``ActorCriticPolicy`` after ``lr_schedule``
     :param kwargs: keyword arguments of ``ActorCriticPolicy``
     """
@@ -101,6 +249,8 @@ class PPOExtActorCriticPolicy(ActorCriticPolicy):
         state_dependent_std: bool = False,
         log_std_bounds: tuple[float, float] | None = None,
         entropy_estimator: str | None = None,
+        action_dist: str = "gaussian",
+        learning_rates: Mapping[str, float | str | Callable[[float], float]] | None = None,
         **kwargs: Any,
     ):
         is_box = isinstance(action_space, spaces.Box)
@@ -110,10 +260,22 @@ class PPOExtActorCriticPolicy(ActorCriticPolicy):
         use_sde = bool(check_bool("use_sde", kwargs.get("use_sde", False)))
         _check_boolean_kwargs(kwargs)
         check_policy_kwargs(kwargs)  # log_std_init, and the LSTM's arguments of RecurrentPPOExt's policies
+        check_action_dist_together(
+            action_dist,
+            squash_output=squash_output,
+            state_dependent_std=state_dependent_std,
+            log_std_bounds=log_std_bounds,
+            entropy_estimator=entropy_estimator,
+            log_std_init=kwargs.get("log_std_init", 0.0),
+            use_sde=use_sde,
+        )
+        is_beta = action_dist == "beta"
+        if is_beta and not is_box:
+            raise InvalidSettingError(f"policy_kwargs.action_dist='beta' needs a Box action space, got {action_space}")
         if squash_output is None:
             squash_output = is_box
         if squash_output:
-            _check_squashable_bounds(action_space)
+            _check_squashable_bounds(action_space, action_dist)
         if squash_output and not is_box:
             raise ValueError(
                 f"squash_output=True needs a Box action space, got {action_space}; "
@@ -151,13 +313,14 @@ class PPOExtActorCriticPolicy(ActorCriticPolicy):
                     f"entropy_estimator={entropy_estimator!r} only applies to the squashed head "
                     "(the unsquashed Gaussian's entropy is exact in closed form)"
                 )
-        elif squash_output:
+        elif squash_output and not is_beta:
             entropy_estimator = DEFAULT_ENTROPY_ESTIMATOR
 
         # Plain attributes read by ``_build``, which ``ActorCriticPolicy.__init__`` calls.
         self.state_dependent_std = bool(state_dependent_std)
         self.log_std_bounds = log_std_bounds
         self.entropy_estimator = entropy_estimator
+        self.action_dist_name = action_dist
         # SB3 asserts that squash_output needs gSDE: build unsquashed, then switch squashing on.
         super().__init__(observation_space, action_space, lr_schedule, *args, squash_output=False, **kwargs)  # type: ignore[misc]
         self._squash_output = bool(squash_output)
@@ -168,6 +331,10 @@ class PPOExtActorCriticPolicy(ActorCriticPolicy):
             # log(half_range) = -inf is a constant that cancels in ratios and KLs, so it is left out
             # to keep log-probabilities finite.
             self._log_half_range_sum = float(np.log(half_range[half_range > 0]).sum())
+            if is_beta:
+                assert isinstance(self.action_dist, BetaDistribution)
+                self.action_dist.log_range_sum = float(np.log(2.0 * half_range[half_range > 0]).sum())
+        self._init_network_learning_rates(learning_rates)
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()
@@ -176,12 +343,16 @@ class PPOExtActorCriticPolicy(ActorCriticPolicy):
             state_dependent_std=self.state_dependent_std,
             log_std_bounds=self.log_std_bounds if self.state_dependent_std else None,
             entropy_estimator=self.entropy_estimator,
+            action_dist=self.action_dist_name,
         )
         # SB3 saves gSDE's own squash flag under the same name; ours is always the one to restore.
         return data
 
     def _build(self, lr_schedule: Schedule) -> None:
         super()._build(lr_schedule)
+        if self.action_dist_name == "beta":
+            self._build_beta_head(lr_schedule)
+            return
         if not self.state_dependent_std:
             return
         # Replace the state-independent log-std parameter by a linear head on the actor latent.
@@ -197,12 +368,25 @@ class PPOExtActorCriticPolicy(ActorCriticPolicy):
         # The optimizer built by SB3 does not know the new head: rebuild it the same way.
         self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)  # type: ignore[call-arg]
 
+    def _build_beta_head(self, lr_schedule: Schedule) -> None:
+        """Replace the Gaussian head (``action_net`` and ``log_std``) by the Beta head's ``action_net`` of 2 x dim outputs."""
+        action_dim = get_action_dim(self.action_space)
+        del self.log_std
+        self.action_dist = BetaDistribution(action_dim)  # log_range_sum: set by __init__ once the bounds are read
+        self.action_net = self.action_dist.proba_distribution_net(self.mlp_extractor.latent_dim_pi)
+        if self.ortho_init:
+            # SB3's gain for the action head: alpha and beta start near 1 + softplus(0) = 1.69 (mode at the centre).
+            self.init_weights(self.action_net, gain=0.01)
+        self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)  # type: ignore[call-arg]
+
     def _bounded_log_std(self, latent_pi: th.Tensor) -> th.Tensor:
         assert self.log_std_bounds is not None
         low, high = self.log_std_bounds
         return low + 0.5 * (high - low) * (th.tanh(self.log_std_net(latent_pi)) + 1.0)
 
     def _get_action_dist_from_latent(self, latent_pi: th.Tensor) -> Distribution:
+        if isinstance(self.action_dist, BetaDistribution):
+            return self.action_dist.proba_distribution(self.action_net(latent_pi))
         if self.state_dependent_std:
             distribution = self.action_dist.proba_distribution(self.action_net(latent_pi), self._bounded_log_std(latent_pi))  # type: ignore[call-arg]
         else:
@@ -253,16 +437,39 @@ class PPOExtActorCriticPolicy(ActorCriticPolicy):
         values, log_prob, entropy, _ = self.evaluate_actions_and_distribution(obs, actions)
         return values, log_prob, entropy
 
+    @property
+    def squash_scale(self) -> float:
+        """
+        ``c`` such that the stored action ``u`` reaches the env as ``low + (tanh(c u) + 1) / 2 * (high - low)``:
+        1 for the squashed Gaussian, 1/2 for the Beta head (``sigmoid(u) = (tanh(u / 2) + 1) / 2``).
+        """
+        return 0.5 if self.action_dist_name == "beta" else 1.0
+
+    def unit_actions(self, stored: np.ndarray) -> np.ndarray:
+        """
+        Stored actions as the env's actions scaled to ``[-1, 1]``: ``tanh(c u)`` for the squashed
+        and Beta heads (``c``: :attr:`squash_scale`), the stored action itself otherwise.
+
+        :param stored: actions as the rollout buffer holds them
+        :return: actions in ``[-1, 1]`` units
+        """
+        if not self.squash_output:
+            return stored
+        return np.tanh(stored) if self.squash_scale == 1.0 else np.tanh(self.squash_scale * stored)
+
     def unscale_action(self, scaled_action: np.ndarray) -> np.ndarray:
         """
         With squashing: map the pre-squash action ``u`` to the env's ``[low, high]`` with
-        ``low + (tanh(u) + 1) / 2 * (high - low)``. Without: SB3's affine map from ``[-1, 1]``.
+        ``low + (tanh(u) + 1) / 2 * (high - low)``; with the Beta head, the logit ``u`` of the Beta
+        sample with ``low + sigmoid(u) * (high - low)``. Without: SB3's affine map from ``[-1, 1]``.
 
-        :param scaled_action: pre-squash action (squashed head) or action in ``[-1, 1]``
+        :param scaled_action: pre-squash action (squashed head), logit (Beta head) or action in ``[-1, 1]``
         :return: action in the env's bounds
         """
         if not self.squash_output:
             return super().unscale_action(scaled_action)
+        if self.action_dist_name == "beta":
+            scaled_action = 0.5 * np.asarray(scaled_action, dtype=np.float64)
         space = self.action_space
         assert isinstance(space, spaces.Box)
         # float64 bounds converted once per action space, not at every env step.
@@ -275,17 +482,18 @@ class PPOExtActorCriticPolicy(ActorCriticPolicy):
     def scale_action(self, action: np.ndarray) -> np.ndarray:
         """
         Inverse of :meth:`unscale_action`. With squashing this is ``atanh`` of the action scaled
-        to ``[-1, 1]``, clamped to ``|u| <= 9`` (float32 ``tanh`` saturates there): PPOExt never
-        needs it, because it stores the pre-squash sample instead of inverting actions.
+        to ``[-1, 1]``, clamped to ``|u| <= 9`` (float32 ``tanh`` saturates there), divided by
+        :attr:`squash_scale` (``2 atanh``, the logit, for the Beta head): PPOExt never needs it,
+        because it stores the pre-squash sample (or the logit) instead of inverting actions.
 
         :param action: action in the env's bounds
-        :return: pre-squash action (squashed head) or action in ``[-1, 1]``
+        :return: pre-squash action (squashed head), logit (Beta head) or action in ``[-1, 1]``
         """
         scaled = super().scale_action(action)
         if not self.squash_output:
             return scaled
         bound = np.tanh(9.0)
-        return np.arctanh(np.clip(scaled, -bound, bound))
+        return np.arctanh(np.clip(scaled, -bound, bound)) / self.squash_scale
 
 
 class PPOExtActorCriticCnnPolicy(PPOExtActorCriticPolicy):

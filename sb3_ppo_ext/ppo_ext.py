@@ -76,7 +76,8 @@ class PPOExt(ExtUpdateEngine, PPO):
         the reported success rate, mean episode length, and mean reward over
     :param tensorboard_log: the log location for tensorboard (if None, no logging)
     :param policy_kwargs: additional arguments to be passed to the policy on creation, including
-        ``squash_output``, ``state_dependent_std``, ``log_std_bounds`` and ``entropy_estimator``
+        ``squash_output``, ``state_dependent_std``, ``log_std_bounds`` and ``entropy_estimator``, the Beta head
+        (``action_dist="beta"``) and per-network learning rates (``learning_rates={"pi": ..., "vf": ...}``)
     :param verbose: Verbosity level: 0 for no output, 1 for info messages (such as device or wrappers used), 2 for
         debug messages
     :param seed: Seed for the pseudo random generators

@@ -215,7 +215,8 @@ class RecurrentPPOExt(ExtUpdateEngine, RecurrentPPO):
     :param policy_kwargs: additional arguments to be passed to the policy on creation: the LSTM's
         (``lstm_hidden_size``, ``n_lstm_layers``, ``shared_lstm``, ``enable_critic_lstm``, ``lstm_kwargs``)
         and the squashed head's (``squash_output``, ``state_dependent_std``, ``log_std_bounds``,
-        ``entropy_estimator``)
+        ``entropy_estimator``), the Beta head (``action_dist="beta"``) and per-network learning rates
+        (``learning_rates={"pi": ..., "vf": ...}``)
     :param verbose: Verbosity level: 0 for no output, 1 for info messages, 2 for debug messages
     :param seed: Seed for the pseudo random generators
     :param device: Device (cpu, cuda, ...) on which the code should be run.

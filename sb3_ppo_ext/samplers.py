@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from sb3_ppo_ext.settings import ACTIVATIONS, SCHEDULE_KEYS, activation_class, algorithm_defaults, to_algorithm_kwargs
 from sb3_ppo_ext.storage import HEARTBEAT_INTERVAL, MAX_RETRY, StorageError, make_storage
-from sb3_ppo_ext.validation import check_bool, check_choice, is_int
+from sb3_ppo_ext.validation import ACTION_DISTS, check_bool, check_choice, is_int
 
 if TYPE_CHECKING:
     import optuna
@@ -61,6 +61,10 @@ TARGET_KLS = [None, 0.01, 0.02, 0.05]
 CLIP_RANGES = [0.1, 0.2, 0.3, 0.4]
 CLIP_RANGES_VF = [0.1, 0.2, 0.5, 1.0, 10.0]
 SDE_SAMPLE_FREQS = [-1, 4, 16]
+# (low, high) of the critic's learning rate over the actor's, sampled log-uniformly with separate_lr.
+LR_VF_RATIOS = (0.25, 8.0)
+# Values of the parameters added to the space after studies were run with it (replayed as before).
+REPLAY_DEFAULTS: dict[str, Any] = {"action_dist": "gaussian", "separate_lr": False}
 # The settings owner's helpers, under the names this module has always exported.
 to_ppo_ext_kwargs = to_algorithm_kwargs
 
@@ -127,6 +131,10 @@ def _sample_policy(trial: optuna.Trial, continuous: bool) -> dict[str, Any]:
     if not continuous:
         return {"policy_kwargs": policy_kwargs}
     squash = trial.suggest_categorical("squash", [True, False])
+    # The head: squashed Gaussian or Beta (both bounded, "squash"), or the clipped Gaussian.
+    if squash and trial.suggest_categorical("action_dist", list(ACTION_DISTS)) == "beta":
+        policy_kwargs.update(squash_output=True, action_dist="beta")  # no std settings: the Beta's spread is its own
+        return {"use_sde": False, "policy_kwargs": policy_kwargs}
     exploration = trial.suggest_categorical("exploration", ["gaussian", "state_dependent_std", "gsde"])
     values: dict[str, Any] = {"use_sde": exploration == "gsde"}
     if exploration == "gsde":
@@ -140,21 +148,37 @@ def _sample_policy(trial: optuna.Trial, continuous: bool) -> dict[str, Any]:
     return {**values, "policy_kwargs": policy_kwargs}
 
 
+def _network_learning_rates(learning_rate: float | str, ratio: float) -> dict[str, float | str]:
+    """``policy_kwargs["learning_rates"]``: the actor at ``learning_rate``, the critic at ``ratio`` times it."""
+    if isinstance(learning_rate, str):  # "lin_<x>"
+        return {"pi": learning_rate, "vf": f"lin_{float(learning_rate[len('lin_') :]) * ratio}"}
+    return {"pi": learning_rate, "vf": learning_rate * ratio}
+
+
 def sample_zoo_form(trial: optuna.Trial, continuous: bool = True) -> dict[str, Any]:
     """
     Sample one PPOExt configuration in rl-zoo3's yml form (schedules as ``lin_<x>``, activation names).
+
+    With ``separate_lr``, the critic gets its own learning rate, ``lr_vf_ratio`` times the actor's
+    (``policy_kwargs["learning_rates"]``; the actor's is the sampled ``learning_rate``). A policy
+    with a shared trunk (e.g. ``CnnPolicy`` with its default shared extractor) refuses it: set
+    ``share_features_extractor: False`` in its ``policy_kwargs``.
 
     :param trial: an Optuna trial (or ``optuna.trial.FixedTrial`` to replay a trial's params)
     :param continuous: whether the action space is ``Box`` (adds the action-head parameters)
     :return: PPOExt settings; the derived true values are recorded with ``trial.set_user_attr``
     """
-    return {
+    form = {
         **_sample_rollout(trial),
         **_sample_optimizer(trial),
         **_sample_objective(trial),
         **_sample_value_loss(trial),
         **_sample_policy(trial, continuous),
     }
+    if trial.suggest_categorical("separate_lr", [False, True]):
+        ratio = trial.suggest_float("lr_vf_ratio", LR_VF_RATIOS[0], LR_VF_RATIOS[1], log=True)
+        form["policy_kwargs"]["learning_rates"] = _network_learning_rates(form["learning_rate"], ratio)
+    return form
 
 
 def sample_ppo_ext_params(trial: optuna.Trial, continuous: bool = True) -> dict[str, Any]:
@@ -168,11 +192,17 @@ def sample_ppo_ext_params(trial: optuna.Trial, continuous: bool = True) -> dict[
     return to_ppo_ext_kwargs(sample_zoo_form(trial, continuous))
 
 
-def _replay(params: dict[str, Any]) -> dict[str, Any]:
+def _fixed_trial(params: dict[str, Any]) -> optuna.trial.FixedTrial:
+    """A FixedTrial of ``params``; the parameters added to the space later default to their old behaviour."""
     import optuna
 
+    # Trials from before the Beta head and per-network rates: the Gaussian head, one learning rate.
+    return optuna.trial.FixedTrial({**REPLAY_DEFAULTS, **params})
+
+
+def _replay(params: dict[str, Any]) -> dict[str, Any]:
     # The action-head parameters exist only in trials on a Box action space.
-    return sample_zoo_form(optuna.trial.FixedTrial(params), continuous="squash" in params)
+    return sample_zoo_form(_fixed_trial(params), continuous="squash" in params)
 
 
 def ppo_ext_kwargs_from_params(params: dict[str, Any]) -> dict[str, Any]:
@@ -246,10 +276,17 @@ def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dic
     params["net_arch"] = names[0]
     params["activation_fn"] = check_choice("activation_fn", activation.__name__.lower(), ["tanh", "relu"])
     params["ortho_init"] = check_bool("policy_kwargs.ortho_init", policy_kwargs.get("ortho_init", True))
+    params.update(_learning_rate_params(policy_kwargs.get("learning_rates"), learning_rate))
     if not continuous:
         return params
     squash = check_bool("policy_kwargs.squash_output", policy_kwargs.get("squash_output", True), allow_none=True)
     params["squash"] = squash is not False
+    action_dist = check_choice("policy_kwargs.action_dist", policy_kwargs.get("action_dist", "gaussian"), ACTION_DISTS)
+    if params["squash"]:
+        params["action_dist"] = action_dist
+    if action_dist == "beta":
+        _check_in_space(params, continuous)
+        return params
     if check_bool("use_sde", get("use_sde")):
         params["exploration"] = "gsde"
         params["sde_sample_freq"] = check_choice("sde_sample_freq", get("sde_sample_freq"), SDE_SAMPLE_FREQS)
@@ -261,6 +298,28 @@ def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dic
         params["entropy_estimator"] = policy_kwargs.get("entropy_estimator") or "mc"
     _check_in_space(params, continuous)
     return params
+
+
+def _learning_rate_params(learning_rates: Any, learning_rate: Any) -> dict[str, Any]:
+    """``separate_lr`` / ``lr_vf_ratio`` of an entry's ``learning_rates`` (the actor's must be ``learning_rate``)."""
+    if learning_rates is None:
+        return {"separate_lr": False}
+
+    def initial(rate: Any) -> tuple[bool, float]:
+        linear = isinstance(rate, str) and rate.startswith("lin_")
+        return linear, float(rate[len("lin_") :]) if linear else float(rate)
+
+    if not isinstance(learning_rates, dict) or set(learning_rates) != {"pi", "vf"}:
+        raise ValueError(f"policy_kwargs.learning_rates={learning_rates!r}: expected {{'pi': ..., 'vf': ...}}")
+    (pi_linear, pi), (vf_linear, vf), (linear, rate) = map(
+        initial, (learning_rates["pi"], learning_rates["vf"], learning_rate)
+    )
+    if (pi_linear, pi) != (linear, rate) or vf_linear != linear:
+        raise ValueError(
+            f"policy_kwargs.learning_rates={learning_rates!r}: the search space has the actor at learning_rate="
+            f"{learning_rate!r} and the critic at a multiple of it with the same schedule"
+        )
+    return {"separate_lr": True, "lr_vf_ratio": vf / pi}
 
 
 def _check_in_space(params: dict[str, Any], continuous: bool) -> None:
@@ -326,9 +385,7 @@ def sample_recurrent_zoo_params(trial: optuna.Trial, n_actions: int, n_envs: int
 
 def convert_recurrent_zoo_params(params: dict[str, Any]) -> dict[str, Any]:
     """rl-zoo3's ``HYPERPARAMS_CONVERTER["ppo_lstm_ext"]``: the sampler replayed on the trial's params."""
-    import optuna
-
-    return sample_recurrent_zoo_form(optuna.trial.FixedTrial(params), continuous="squash" in params)
+    return sample_recurrent_zoo_form(_fixed_trial(params), continuous="squash" in params)
 
 
 def sample_maskable_zoo_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
@@ -342,9 +399,7 @@ def sample_maskable_zoo_params(trial: optuna.Trial, n_actions: int, n_envs: int,
 
 def convert_maskable_zoo_params(params: dict[str, Any]) -> dict[str, Any]:
     """rl-zoo3's ``HYPERPARAMS_CONVERTER["ppo_mask_ext"]``: the sampler replayed on the trial's params."""
-    import optuna
-
-    return sample_zoo_form(optuna.trial.FixedTrial(params), continuous=False)
+    return sample_zoo_form(_fixed_trial(params), continuous=False)
 
 
 def sample_zoo_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:

@@ -222,6 +222,87 @@ def check_lstm_kwargs(name: str, value: Any) -> None:
         check_real(f"{name}.dropout", value["dropout"], low=0.0, high=1.0, strict=False)
 
 
+# The action distributions of PPOExt's policies for Box actions (``policy_kwargs["action_dist"]``).
+ACTION_DISTS = ("gaussian", "beta")
+# The networks of ``policy_kwargs["learning_rates"]``: the actor and the critic.
+LEARNING_RATE_NETWORKS = ("pi", "vf")
+
+
+def check_network_learning_rates(name: str, value: Any) -> None:
+    """
+    An :class:`InvalidSettingError` unless ``value`` is ``None`` or a mapping with exactly the keys
+    ``"pi"`` and ``"vf"``, each a positive finite number, a linear schedule ``"lin_<x>"`` with ``x > 0``
+    or a callable of the progress remaining that is positive at progress 1.
+
+    :param name: parameter name, for the message (``policy_kwargs.learning_rates``)
+    :param value: the value to check
+    """
+    if value is None:
+        return
+    if not isinstance(value, Mapping) or set(value) != set(LEARNING_RATE_NETWORKS):
+        raise InvalidSettingError(
+            f"{name}={value!r} is invalid: expected a mapping with exactly the keys 'pi' (the actor) and 'vf' (the critic), "
+            "e.g. {'pi': 3e-4, 'vf': 1e-3}"
+        )
+    for network in LEARNING_RATE_NETWORKS:
+        rate = value[network]
+        if isinstance(rate, str):
+            try:
+                start = float(rate[len("lin_") :]) if rate.startswith("lin_") else math.nan
+            except ValueError:
+                start = math.nan
+            if not (math.isfinite(start) and start > 0):
+                raise InvalidSettingError(
+                    f"{name}.{network}={rate!r} is invalid: expected a number > 0, a schedule or 'lin_<x>' with x > 0"
+                )
+            continue
+        check_number_or_schedule(f"{name}.{network}", rate)
+
+
+def check_action_dist_together(
+    action_dist: Any,
+    squash_output: Any = None,
+    state_dependent_std: Any = False,
+    log_std_bounds: Any = None,
+    entropy_estimator: Any = None,
+    log_std_init: Any = 0.0,
+    use_sde: Any = False,
+) -> None:
+    """
+    An :class:`InvalidSettingError` for an unknown ``action_dist`` or one combined with a setting it
+    excludes: the Beta head is bounded by construction (``squash_output`` must be ``None`` or ``True``),
+    has its own state-dependent spread and a closed-form entropy (no ``state_dependent_std``,
+    ``log_std_bounds``, ``entropy_estimator``, ``log_std_init`` other than 0, nor gSDE).
+    """
+    check_choice("policy_kwargs.action_dist", action_dist, ACTION_DISTS)
+    if action_dist != "beta":
+        return
+    given = {
+        "squash_output": squash_output is False,
+        "state_dependent_std": state_dependent_std is True,
+        "log_std_bounds": log_std_bounds is not None,
+        "entropy_estimator": entropy_estimator is not None,
+        "log_std_init": is_real(log_std_init) and float(log_std_init) != 0.0,
+        "use_sde": use_sde is True,
+    }
+    values = {
+        "squash_output": squash_output,
+        "state_dependent_std": state_dependent_std,
+        "log_std_bounds": log_std_bounds,
+        "entropy_estimator": entropy_estimator,
+        "log_std_init": log_std_init,
+        "use_sde": use_sde,
+    }
+    for key, conflicting in given.items():
+        if conflicting:
+            where = key if key == "use_sde" else f"policy_kwargs.{key}"
+            raise InvalidSettingError(
+                f"{where}={values[key]!r} is invalid with policy_kwargs.action_dist='beta': the Beta head is bounded by "
+                "construction, has a state-dependent spread of its own and a closed-form entropy; "
+                f"{key} applies to the Gaussian head (action_dist='gaussian')"
+            )
+
+
 # Checks of policy keyword arguments (``policy_kwargs``) by name, each taking the name and the value: the
 # policies of this package run them at construction, the settings owner on yml entries and ``-params``.
 POLICY_KWARG_CHECKS: dict[str, Callable[[str, Any], Any]] = {
@@ -229,15 +310,26 @@ POLICY_KWARG_CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "lstm_hidden_size": check_positive_int,
     "n_lstm_layers": check_positive_int,
     "lstm_kwargs": check_lstm_kwargs,
+    "action_dist": lambda name, value: check_choice(name, value, ACTION_DISTS),
+    "learning_rates": check_network_learning_rates,
 }
+
+
+_BETA_EXCLUDED_KWARGS = ("squash_output", "state_dependent_std", "log_std_bounds", "entropy_estimator", "log_std_init")
 
 
 def check_policy_kwargs_together(policy_kwargs: Mapping[str, Any]) -> None:
     """
     An :class:`InvalidSettingError` for policy keyword arguments that exclude each other: sb3-contrib's LSTM
     policies share the LSTM (``shared_lstm=True``) only without a critic LSTM of its own
-    (``enable_critic_lstm``, default True) and with a shared features extractor.
+    (``enable_critic_lstm``, default True) and with a shared features extractor. The Beta head
+    excludes the Gaussian head's settings (:func:`check_action_dist_together`).
     """
+    if "action_dist" in policy_kwargs:
+        check_action_dist_together(
+            policy_kwargs["action_dist"],
+            **{key: policy_kwargs[key] for key in _BETA_EXCLUDED_KWARGS if key in policy_kwargs},
+        )
     if policy_kwargs.get("shared_lstm") is not True:
         return
     if policy_kwargs.get("enable_critic_lstm", True) is True:

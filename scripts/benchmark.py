@@ -38,6 +38,7 @@ never blocks a restart. Worker processes exit when the benchmark process that st
     python scripts/benchmark.py --suite mujoco-1m --out docs/benchmarks/data-1m --machine "local 2-core" --stop-after 120
     python scripts/benchmark.py --envs Pendulum-v1 --algos ppo ppo_ext_clip --seeds 2 --steps 20000
     python scripts/benchmark.py --suite tuned-1m --out docs/benchmarks/data-tuned-1m   # a tuned entry, fresh seeds
+    python scripts/benchmark.py --suite heads --out docs/benchmarks/data-heads   # clipped, squashed, Beta head (issue 26)
     python scripts/benchmark_report.py   # docs/BENCHMARKS.md from the results
 
 A tuned entry is validated as ``ppo_ext_tuned``: the entry for the env in ``--candidate FILE`` (a
@@ -98,6 +99,12 @@ ALGOS: dict[str, tuple[str, dict[str, Any], str]] = {
         {"policy_kwargs": {"squash_output": False}},
         "PPOExt, Gaussian head + clip (policy_kwargs.squash_output: False, without the squashed head's own settings)",
     ),
+    "ppo_ext_beta": (
+        "ppo_ext",
+        {"use_sde": False, "policy_kwargs": {"action_dist": "beta"}},
+        "PPOExt, Beta head + clip (policy_kwargs.action_dist: beta, use_sde: False; without the Gaussian heads' "
+        "own settings: log_std_init, gSDE)",
+    ),
     "ppo_ext_tanh": (
         "ppo_ext",
         {"policy_kwargs": {"activation_fn": "tanh"}},
@@ -123,6 +130,9 @@ SHIPPED_SETTINGS = {"ppo_unmasked": "ppo_mask_ext"}
 # Settings of the squashed head alone, left out when a variant turns the head off (a tuned entry
 # may set them; PPOExt raises for them on a Gaussian head, whose entropy has a closed form).
 SQUASHED_HEAD_ONLY = ("entropy_estimator",)
+# Settings of the Gaussian heads (their std and exploration noise), left out when a variant takes the
+# Beta head, which rejects them (its spread is its own; gSDE is a Gaussian noise model).
+GAUSSIAN_HEAD_ONLY = ("entropy_estimator", "log_std_init", "state_dependent_std", "log_std_bounds", "full_std", "use_expln")
 # Algorithms whose settings come from rl-zoo3's own yml files (the rest from the shipped ppo_ext.yml).
 ZOO_OWN = ("ppo", "trpo")
 # A candidate entry (a yml of entries by env id, as `scripts/zoo_study.py best` writes them) runs as
@@ -153,6 +163,10 @@ MUJOCO_1M_WALKER = ("ppo", "trpo", "ppo_ext_clip")
 
 MASKED = ("ppo_unmasked", "ppo_mask_ext", "ppo_mask_ext_kl")
 
+# The three heads at the shipped settings (issue 26): SB3's clipped Gaussian, the squashed Gaussian (the
+# shipped entry as it is) and the Beta head, on bounded-action tasks, 10 seeds each.
+HEADS = ("ppo_ext_gauss", "ppo_ext_clip", "ppo_ext_beta")
+
 # The first suite (300k steps, issue 5) on a 2-core machine; "pendulum" is its first row alone.
 SUITE_300K = ("ppo", "ppo_ext_clip", "ppo_ext_kl", "ppo_ext_gauss")
 SUITES: dict[str, list[EnvBudget]] = {
@@ -172,6 +186,11 @@ SUITES: dict[str, list[EnvBudget]] = {
     "tuned-1m": [EnvBudget("Hopper-v5", 1_000_000, 5, 20_000, (SHIPPED, CANDIDATE), first_seed=100)],
     # Masking through the zoo (--algo ppo_mask_ext): evaluations of MaskablePPOExt are masked
     # (sb3_ppo_ext.envs.MaskedObservations), stock PPO's are its own greedy actions.
+    "heads": [
+        EnvBudget("Pendulum-v1", 100_000, 10, 10_000, HEADS),
+        EnvBudget("MountainCarContinuous-v0", 300_000, 10, 20_000, HEADS),
+        EnvBudget("LunarLanderContinuous-v3", 300_000, 10, 20_000, HEADS),
+    ],
     "masked": [
         EnvBudget("Taxi-v4", 200_000, 5, 20_000, MASKED),
         EnvBudget("InvalidActionEnvDiscrete-v0", 20_000, 5, 2_000, MASKED),
@@ -492,7 +511,8 @@ def _zoo_overrides(env_id: str, overrides: dict[str, Any]) -> dict[str, Any]:
     """
     The variant's overrides, with ``policy_kwargs`` merged into the shipped entry's own. A variant
     that turns the squashed head off also leaves out the entry's settings of that head
-    (:data:`SQUASHED_HEAD_ONLY`), which PPOExt rejects for a Gaussian head.
+    (:data:`SQUASHED_HEAD_ONLY`), which PPOExt rejects for a Gaussian head; a variant that takes the
+    Beta head leaves out the Gaussian heads' settings (:data:`GAUSSIAN_HEAD_ONLY`), which it rejects.
     """
     if "policy_kwargs" not in overrides:
         return dict(overrides)
@@ -504,6 +524,8 @@ def _zoo_overrides(env_id: str, overrides: dict[str, Any]) -> dict[str, Any]:
     policy_kwargs = {**shipped, **overrides["policy_kwargs"]}
     if policy_kwargs.get("squash_output") is False:
         policy_kwargs = {key: value for key, value in policy_kwargs.items() if key not in SQUASHED_HEAD_ONLY}
+    if policy_kwargs.get("action_dist") == "beta":
+        policy_kwargs = {key: value for key, value in policy_kwargs.items() if key not in GAUSSIAN_HEAD_ONLY}
     return {**overrides, "policy_kwargs": policy_kwargs}
 
 

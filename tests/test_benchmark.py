@@ -297,6 +297,39 @@ def test_gaussian_variant_keeps_the_shipped_policy_kwargs_but_the_squashed_heads
     }
 
 
+def test_heads_suite_runs_the_three_heads_on_the_same_seeds_and_budgets():
+    specs = benchmark.build_matrix(benchmark.parse_args(["--suite", "heads"]))
+    budgets = {"Pendulum-v1": 100_000, "MountainCarContinuous-v0": 300_000, "LunarLanderContinuous-v3": 300_000}
+    assert {spec.env for spec in specs} == set(budgets)
+    for env, steps in budgets.items():
+        runs: dict[str, list] = {}
+        for spec in specs:
+            if spec.env == env:
+                runs.setdefault(spec.algo, []).append((spec.seed, spec.steps, spec.eval_freq, spec.eval_episodes))
+        assert set(runs) == {"ppo_ext_gauss", "ppo_ext_clip", "ppo_ext_beta"}
+        assert len({tuple(r) for r in runs.values()}) == 1  # the same seeds and budget for every head
+        assert sorted(seed for seed, *_ in runs["ppo_ext_beta"]) == list(range(10))
+        assert {r[1] for r in runs["ppo_ext_beta"]} == {steps}
+
+
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "MountainCarContinuous-v0", "LunarLanderContinuous-v3", "Hopper-v5"])
+def test_beta_variant_keeps_the_shipped_settings_but_the_gaussian_heads(env_id):
+    from sb3_ppo_ext import PPOExt
+    from sb3_ppo_ext.hyperparams import load_hyperparams
+    from sb3_ppo_ext.settings import to_algorithm_kwargs
+
+    shipped = load_hyperparams(env_id).get("policy_kwargs") or {}
+    merged = benchmark._zoo_overrides(env_id, benchmark.ALGOS["ppo_ext_beta"][1])
+    kept = {key: value for key, value in shipped.items() if key not in benchmark.GAUSSIAN_HEAD_ONLY}
+    assert merged == {"use_sde": False, "policy_kwargs": {**kept, "action_dist": "beta"}}
+    # The merged settings build with the Beta head (the shipped log_std_init / gSDE would be rejected).
+    model = PPOExt("MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=64, **to_algorithm_kwargs(merged))
+    assert model.policy.action_dist_name == "beta" and not model.use_sde
+    if "log_std_init" in shipped:
+        with pytest.raises(ValueError, match=r"is invalid with policy_kwargs\.action_dist='beta'"):
+            PPOExt("MlpPolicy", "Pendulum-v1", policy_kwargs={**shipped, "action_dist": "beta"})
+
+
 # --- the report ---------------------------------------------------------------------------------
 
 

@@ -83,7 +83,8 @@ def test_20_sampled_configurations_learn_one_iteration(sampled):
 
 def test_space_covers_every_branch(sampled):
     """Each conditional branch is reached, and conditional parameters exist only in their branch."""
-    seen = {key: set() for key in ("objective", "vf_clip", "exploration", "squash", "lr_schedule", "kl_adaptive")}
+    keys = ("objective", "vf_clip", "exploration", "squash", "lr_schedule", "kl_adaptive", "action_dist", "separate_lr")
+    seen = {key: set() for key in keys}
     for trial, settings, continuous in sampled:
         params = trial.params
         for key in seen:
@@ -94,8 +95,14 @@ def test_space_covers_every_branch(sampled):
         assert ("kl_target" in params) == bool(params.get("kl_adaptive"))
         assert ("clip_range_vf" in params) == (params["vf_clip"] != "none")
         assert ("squash" in params) == continuous
-        assert ("entropy_estimator" in params) == bool(params.get("squash"))
+        assert ("action_dist" in params) == bool(params.get("squash"))
+        beta = params.get("action_dist") == "beta"
+        assert ("entropy_estimator" in params) == (bool(params.get("squash")) and not beta)
+        assert ("exploration" in params) == ("log_std_init" in params) == (continuous and not beta)
         assert ("sde_sample_freq" in params) == (params.get("exploration") == "gsde")
+        assert ("lr_vf_ratio" in params) == params["separate_lr"]
+        assert ("learning_rates" in settings["policy_kwargs"]) == params["separate_lr"]
+        assert (settings["policy_kwargs"].get("action_dist") == "beta") == beta
         assert settings["batch_size"] <= settings["n_steps"]
         assert trial.user_attrs["n_steps"] == settings["n_steps"] and math.isclose(
             trial.user_attrs["gamma"], settings["gamma"]
@@ -103,7 +110,8 @@ def test_space_covers_every_branch(sampled):
     assert seen["objective"] == {"clip", "kl", "clip+kl"}
     assert seen["vf_clip"] == {"none", "clipped", "max"}
     assert seen["exploration"] == {"gaussian", "state_dependent_std", "gsde"}
-    assert seen["squash"] == seen["kl_adaptive"] == {True, False}
+    assert seen["squash"] == seen["kl_adaptive"] == seen["separate_lr"] == {True, False}
+    assert seen["action_dist"] == {"gaussian", "beta"}
     assert seen["lr_schedule"] == {"constant", "linear"}
 
 
@@ -139,9 +147,12 @@ def test_sample_ppo_ext_params_returns_objects():
             "activation_fn": "relu",
             "ortho_init": False,
             "squash": True,
+            "action_dist": "gaussian",
             "exploration": "state_dependent_std",
             "log_std_init": -1.0,
             "entropy_estimator": "mc",
+            "separate_lr": True,
+            "lr_vf_ratio": 4.0,
         }
     )
     kwargs = sample_ppo_ext_params(trial)
@@ -151,6 +162,7 @@ def test_sample_ppo_ext_params_returns_objects():
     assert kwargs["policy_kwargs"]["activation_fn"] is activation_class("relu")
     assert kwargs["policy_kwargs"]["state_dependent_std"] is True and kwargs["use_sde"] is False
     assert callable(kwargs["learning_rate"])
+    assert kwargs["policy_kwargs"]["learning_rates"] == {"pi": "lin_0.001", "vf": "lin_0.004"}
 
 
 def test_activation_names():
@@ -290,8 +302,42 @@ def test_params_from_entry_covers_penalty_and_value_clip():
 
 
 @pytest.mark.parametrize(
+    "policy_kwargs, learning_rate",
+    [
+        ({"action_dist": "beta"}, 3e-4),
+        ({"action_dist": "beta", "learning_rates": {"pi": "lin_0.0003", "vf": "lin_0.0012"}}, "lin_0.0003"),
+        ({"learning_rates": {"pi": 3e-4, "vf": 1.5e-4}}, 3e-4),
+    ],
+)
+def test_params_from_entry_replay_the_head_and_the_learning_rates(policy_kwargs, learning_rate):
+    entry = {"learning_rate": learning_rate, "policy_kwargs": policy_kwargs}
+    params = params_from_zoo_entry(entry)
+    replayed = convert_zoo_params(params)
+    assert replayed["learning_rate"] == learning_rate
+    assert replayed["policy_kwargs"].get("action_dist", "gaussian") == policy_kwargs.get("action_dist", "gaussian")
+    if policy_kwargs.get("action_dist") == "beta":
+        assert "log_std_init" not in replayed["policy_kwargs"] and "entropy_estimator" not in replayed["policy_kwargs"]
+    expected, got = policy_kwargs.get("learning_rates"), replayed["policy_kwargs"].get("learning_rates")
+    assert (expected is None) == (got is None)
+    if expected is not None:
+        as_float = lambda rate: float(rate[4:]) if isinstance(rate, str) else rate  # noqa: E731
+        assert got["pi"] == expected["pi"] and as_float(got["vf"]) == pytest.approx(as_float(expected["vf"]), rel=1e-12)
+    PPOExt("MlpPolicy", "Pendulum-v1", device="cpu", **to_ppo_ext_kwargs(replayed))
+
+
+def test_trials_from_before_the_head_and_rate_parameters_replay_as_before(sampled):
+    """A study's params without action_dist / separate_lr (the space before them) replay to the Gaussian head, one rate."""
+    trial, settings, _ = next(
+        t for t in sampled if t[0].params.get("action_dist") == "gaussian" and not t[0].params["separate_lr"]
+    )
+    old = {key: value for key, value in trial.params.items() if key not in ("action_dist", "separate_lr")}
+    assert convert_zoo_params(old) == settings
+
+
+@pytest.mark.parametrize(
     "entry, message",
     [
+        ({"policy_kwargs": {"learning_rates": {"pi": 1e-3, "vf": 1e-3}}}, "the search space has the actor at learning_rate"),
         ({"n_steps": 8}, "n_steps=8 is not a power of 2"),
         ({"clip_range": 0.18}, "clip_range=0.18 is invalid: expected one of"),
         ({"clip_range": "lin_0.2"}, "constant clip ranges only"),

@@ -255,3 +255,53 @@ def test_zoo_continue_with_i_uses_the_beta_rule(tmp_path: Path, saved: dict, par
     assert result.returncode == 0, result.stderr[-3000:]
     continued = PPOExt.load(tmp_path / "logs" / "ppo_ext" / "Pendulum-v1_1" / "Pendulum-v1.zip", device="cpu")
     assert continued.current_kl_coef == beta
+
+
+# The Beta head's and the per-network learning rates' policy_kwargs, judged by the policies' own checks
+# (validation.POLICY_KWARG_CHECKS and check_policy_kwargs_together): the settings check and construction agree.
+HEAD_AND_RATE_ERRORS = [
+    ({"action_dist": "gamma"}, r"policy_kwargs\.action_dist='gamma' is invalid: expected one of \('gaussian', 'beta'\)"),
+    (
+        {"action_dist": "beta", "squash_output": False},
+        r"policy_kwargs\.squash_output=False is invalid with policy_kwargs\.action_dist='beta'",
+    ),
+    (
+        {"action_dist": "beta", "entropy_estimator": "mc"},
+        r"policy_kwargs\.entropy_estimator='mc' is invalid with policy_kwargs\.action_dist",
+    ),
+    (
+        {"action_dist": "beta", "state_dependent_std": True},
+        r"policy_kwargs\.state_dependent_std=True is invalid with policy_kwargs\.action",
+    ),
+    (
+        {"learning_rates": {"pi": 1e-3, "critic": 1e-3}},
+        r"policy_kwargs\.learning_rates=.* expected a mapping with exactly the keys 'pi'",
+    ),
+    ({"learning_rates": {"pi": "lin_0", "vf": 1e-3}}, r"policy_kwargs\.learning_rates\.pi='lin_0' is invalid"),
+    ({"learning_rates": {"pi": 1e-3, "vf": "3e-4"}}, r"policy_kwargs\.learning_rates\.vf='3e-4' is invalid"),
+]
+
+
+@pytest.mark.parametrize("policy_kwargs, message", HEAD_AND_RATE_ERRORS)
+@pytest.mark.parametrize("algo", ["ppo_ext", "ppo_lstm_ext"])
+def test_head_and_learning_rates_are_checked_by_the_settings_and_at_construction(policy_kwargs, message, algo):
+    policy = "MlpLstmPolicy" if algo == "ppo_lstm_ext" else "MlpPolicy"
+    with pytest.raises(SettingsError, match=rf"^x\.yml \(entry 'E'\): {message}"):
+        check_entry({"policy": policy, "policy_kwargs": policy_kwargs}, "x.yml (entry 'E')", algo)
+    algorithm = settings.algorithm_spec(algo).algorithm_class()
+    with pytest.raises(InvalidSettingError, match=rf"^{message}"):
+        algorithm(policy, "Pendulum-v1", n_steps=16, batch_size=16, policy_kwargs=policy_kwargs, device="cpu")
+
+
+def test_head_and_learning_rates_from_a_yml_entry_build_and_train():
+    entry = {"policy": "MlpPolicy", "policy_kwargs": "dict(action_dist='beta', learning_rates={'pi': 'lin_3e-4', 'vf': 1e-3})"}
+    assert check_entry(entry, "x") == entry
+    kwargs = settings.to_algorithm_kwargs(
+        {"policy_kwargs": dict(action_dist="beta", learning_rates={"pi": "lin_3e-4", "vf": 1e-3})}
+    )
+    from sb3_ppo_ext import PPOExt
+
+    model = PPOExt("MlpPolicy", "Pendulum-v1", n_steps=16, batch_size=16, n_epochs=1, device="cpu", **kwargs)
+    model.learn(16)
+    assert model.policy.learning_rates == {"pi": "lin_3e-4", "vf": 1e-3}
+    assert model.logger.name_to_value["train/learning_rate_vf"] == 1e-3
