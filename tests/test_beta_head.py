@@ -227,3 +227,18 @@ def test_beta_needs_finite_bounds_and_a_box():
         PPOExtActorCriticPolicy(observations, unbounded, FloatSchedule(1e-3), action_dist="beta")
     with pytest.raises(InvalidSettingError, match=r"action_dist='beta' needs a Box action space"):
         PPOExt("MlpPolicy", "CartPole-v1", policy_kwargs=BETA, **TINY)
+
+
+def test_actions_and_log_prob_from_params_are_the_distributions_own():
+    """SB3's ``*_from_params`` entry points: a sample and its log-prob, the mode when deterministic."""
+    th.manual_seed(0)
+    params = th.randn(64, 4, dtype=th.float64)
+    dist = BetaDistribution(2)
+    np.testing.assert_array_equal(dist.actions_from_params(params, deterministic=True), dist.proba_distribution(params).mode())
+    actions, log_prob = dist.log_prob_from_params(params)
+    assert actions.shape == (64, 2) and th.isfinite(actions).all()
+    th.testing.assert_close(log_prob, dist.log_prob(actions))
+    x = th.sigmoid(actions)
+    alpha, beta = 1 + th.nn.functional.softplus(params[:, :2]), 1 + th.nn.functional.softplus(params[:, 2:])
+    reference = stats.beta.logpdf(x.numpy(), alpha.numpy(), beta.numpy()).sum(axis=1)
+    np.testing.assert_allclose(log_prob.numpy(), reference, rtol=1e-9, atol=1e-9)
