@@ -184,13 +184,14 @@ SUITES: dict[str, list[EnvBudget]] = {
     # A tuned entry earns its place on fresh seeds: the Hopper-v5 study's best trial against the shipped
     # entry at 1M steps, on seeds 100-104 (the study's workers seeded their envs with seeds below 20).
     "tuned-1m": [EnvBudget("Hopper-v5", 1_000_000, 5, 20_000, (SHIPPED, CANDIDATE), first_seed=100)],
-    # Masking through the zoo (--algo ppo_mask_ext): evaluations of MaskablePPOExt are masked
-    # (sb3_ppo_ext.envs.MaskedObservations), stock PPO's are its own greedy actions.
+    # The three Box heads (clipped Gaussian, squashed Gaussian, Beta) at the shipped settings (issue 26).
     "heads": [
         EnvBudget("Pendulum-v1", 100_000, 10, 10_000, HEADS),
         EnvBudget("MountainCarContinuous-v0", 300_000, 10, 20_000, HEADS),
         EnvBudget("LunarLanderContinuous-v3", 300_000, 10, 20_000, HEADS),
     ],
+    # Masking through the zoo (--algo ppo_mask_ext): evaluations of MaskablePPOExt are masked
+    # (sb3_ppo_ext.envs.MaskedObservations), stock PPO's are its own greedy actions.
     "masked": [
         EnvBudget("Taxi-v4", 200_000, 5, 20_000, MASKED),
         EnvBudget("InvalidActionEnvDiscrete-v0", 20_000, 5, 2_000, MASKED),
