@@ -533,19 +533,15 @@ class ExtUpdateEngine:
         constructor chain does not take, with the closest valid name (as the settings check says it
         for rl-zoo3's ``-params``), instead of the constructor's bare ``TypeError``.
         """
-        from sb3_ppo_ext.settings import policy_parameters, unknown_key
+        from sb3_ppo_ext.settings import policy_parameters, unknown_policy_kwarg
 
         if not isinstance(self.policy_class, type) or not isinstance(self.policy_kwargs, dict):
             return
-        parameters = sorted(policy_parameters(self.policy_class))
+        parameters = policy_parameters(self.policy_class)
         unknown = [key for key in self.policy_kwargs if key not in parameters]
         if unknown:
-            where = f" in policy_kwargs of {self.policy_class.__name__}"
-            raise UnknownPolicyKwargError(
-                f"{type(self).__name__}: "
-                + "; ".join(unknown_key(key, parameters, where) for key in unknown)
-                + f"; valid keys: {', '.join(parameters)}"
-            )
+            problems = "; ".join(unknown_policy_kwarg(key, self.policy_class, parameters) for key in unknown)
+            raise UnknownPolicyKwargError(f"{type(self).__name__}: {problems}; valid keys: {', '.join(sorted(parameters))}")
 
     def _setup_model(self) -> None:
         # Checked again here because ``load(path, **kwargs)`` sets the saved attributes and its

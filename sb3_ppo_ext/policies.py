@@ -24,6 +24,7 @@ from sb3_ppo_ext.validation import (
     check_bool,
     check_network_learning_rates,
     check_policy_kwargs,
+    linear_schedule_start,
 )
 
 DEFAULT_LOG_STD_BOUNDS = (-5.0, 2.0)
@@ -61,7 +62,10 @@ def learning_rate_schedule(name: str, value: float | str | Callable[[float], flo
     :return: a schedule of the progress remaining (1 to 0)
     """
     if isinstance(value, str):
-        return LinearSchedule(float(value[len("lin_") :]), 0.0, 1.0)
+        start = linear_schedule_start(value)
+        if start is None:
+            raise InvalidSettingError(f"{name}={value!r} is invalid: expected 'lin_<x>' with x > 0")
+        return LinearSchedule(start, 0.0, 1.0)
     if callable(value):
         return value
     return FloatSchedule(float(value))
@@ -453,9 +457,7 @@ class PPOExtActorCriticPolicy(NetworkLearningRates, ActorCriticPolicy):
         :param stored: actions as the rollout buffer holds them
         :return: actions in ``[-1, 1]`` units
         """
-        if not self.squash_output:
-            return stored
-        return np.tanh(stored) if self.squash_scale == 1.0 else np.tanh(self.squash_scale * stored)
+        return np.tanh(self.squash_scale * stored) if self.squash_output else stored
 
     def unscale_action(self, scaled_action: np.ndarray) -> np.ndarray:
         """

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from sb3_ppo_ext.settings import ACTIVATIONS, SCHEDULE_KEYS, activation_class, algorithm_defaults, to_algorithm_kwargs
 from sb3_ppo_ext.storage import HEARTBEAT_INTERVAL, MAX_RETRY, StorageError, make_storage
-from sb3_ppo_ext.validation import ACTION_DISTS, check_bool, check_choice, is_int
+from sb3_ppo_ext.validation import ACTION_DISTS, check_bool, check_choice, is_int, linear_schedule_start
 
 if TYPE_CHECKING:
     import optuna
@@ -150,8 +150,9 @@ def _sample_policy(trial: optuna.Trial, continuous: bool) -> dict[str, Any]:
 
 def _network_learning_rates(learning_rate: float | str, ratio: float) -> dict[str, float | str]:
     """``policy_kwargs["learning_rates"]``: the actor at ``learning_rate``, the critic at ``ratio`` times it."""
-    if isinstance(learning_rate, str):  # "lin_<x>"
-        return {"pi": learning_rate, "vf": f"lin_{float(learning_rate[len('lin_') :]) * ratio}"}
+    start = linear_schedule_start(learning_rate)
+    if start is not None:  # "lin_<x>"
+        return {"pi": learning_rate, "vf": f"lin_{start * ratio}"}
     return {"pi": learning_rate, "vf": learning_rate * ratio}
 
 
@@ -306,8 +307,8 @@ def _learning_rate_params(learning_rates: Any, learning_rate: Any) -> dict[str, 
         return {"separate_lr": False}
 
     def initial(rate: Any) -> tuple[bool, float]:
-        linear = isinstance(rate, str) and rate.startswith("lin_")
-        return linear, float(rate[len("lin_") :]) if linear else float(rate)
+        start = linear_schedule_start(rate)
+        return start is not None, float(rate) if start is None else start
 
     if not isinstance(learning_rates, dict) or set(learning_rates) != {"pi", "vf"}:
         raise ValueError(f"policy_kwargs.learning_rates={learning_rates!r}: expected {{'pi': ..., 'vf': ...}}")

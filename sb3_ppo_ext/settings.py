@@ -122,7 +122,6 @@ DEFAULT_ALGO = "ppo_ext"
 RESERVED_KEYS = frozenset({"env", "tensorboard_log", "seed", "verbose", "device", "_init_setup_model"})
 # Parameters that take rl-zoo3's ``lin_<x>`` schedule strings (a linear schedule from x to 0).
 SCHEDULE_KEYS = ("learning_rate", "clip_range", "clip_range_vf")
-_SCHEDULE = re.compile(r"lin_(.+)")
 # Arguments the algorithm passes to the policy itself: not valid in policy_kwargs.
 _POLICY_ARGUMENTS_SET_BY_ALGORITHM = frozenset({"self", "observation_space", "action_space", "lr_schedule", "use_sde"})
 
@@ -159,9 +158,9 @@ def to_algorithm_kwargs(entry: Mapping[str, Any]) -> dict[str, Any]:
     """
     kwargs = dict(entry)
     for key in SCHEDULE_KEYS:
-        value = kwargs.get(key)
-        if isinstance(value, str) and _SCHEDULE.fullmatch(value):
-            kwargs[key] = LinearSchedule(float(value[len("lin_") :]), 0.0, 1.0)
+        start = validation.linear_schedule_start(kwargs.get(key))
+        if start is not None:
+            kwargs[key] = LinearSchedule(start, 0.0, 1.0)
     policy_kwargs = kwargs.get("policy_kwargs")
     if isinstance(policy_kwargs, Mapping) and isinstance(policy_kwargs.get("activation_fn"), str):
         kwargs["policy_kwargs"] = {**policy_kwargs, "activation_fn": activation_class(policy_kwargs["activation_fn"])}
@@ -219,19 +218,14 @@ def _float_or_none(text: str) -> float | None:
 
 def _schedule_problem(key: str, value: Any) -> str | None:
     if isinstance(value, str):
-        match = _SCHEDULE.fullmatch(value)
-        try:
-            start = float(match.group(1)) if match else math.nan
-        except ValueError:
-            start = math.nan
-        if match is None and _check(validation.check_real, key, _float_or_none(value)) is None:
+        if validation.linear_schedule_start(value) is not None:
+            return None
+        if not value.startswith("lin_") and _check(validation.check_real, key, _float_or_none(value)) is None:
             return _wrong_type(key, value, "a number or a schedule 'lin_<x>'")
-        if not (math.isfinite(start) and start > 0):
-            return (
-                f"'{key}: {value!r}' is neither a number nor a linear schedule 'lin_<initial value>' "
-                "with a positive initial value (e.g. lin_3.0e-4)"
-            )
-        return None
+        return (
+            f"'{key}: {value!r}' is neither a number nor a linear schedule 'lin_<initial value>' "
+            "with a positive initial value (e.g. lin_3.0e-4)"
+        )
     if value is None or callable(value):
         return None  # None: off (clip ranges; the algorithm's check rejects it for learning_rate)
     if not validation.is_real(value):
@@ -369,6 +363,17 @@ def _policy_kwarg_problem(key: str, value: Any, default: Any) -> str | None:
     return None
 
 
+def unknown_policy_kwarg(key: Any, policy_class: type, parameters: Mapping[str, Any] | None = None) -> str:
+    """
+    The problem of a ``policy_kwargs`` key that ``policy_class``'s constructor chain does not take,
+    with the closest valid name: ``unknown key 'squash_outputs' in policy_kwargs of ... (did you mean ...)``.
+
+    :param parameters: ``policy_parameters(policy_class)``, when already computed
+    """
+    names = sorted(policy_parameters(policy_class) if parameters is None else parameters)
+    return unknown_key(key, names, f" in policy_kwargs of {policy_class.__name__}")
+
+
 def _policy_kwargs_problems(algorithm: type, policy: Any, policy_kwargs: Any) -> list[str]:
     if policy_kwargs is None:
         return []
@@ -387,7 +392,7 @@ def _policy_kwargs_problems(algorithm: type, policy: Any, policy_kwargs: Any) ->
     problems = []
     for key, value in policy_kwargs.items():
         if key not in parameters:
-            problems.append(unknown_key(key, sorted(parameters), f" in policy_kwargs of {policy_class.__name__}"))
+            problems.append(unknown_policy_kwarg(key, policy_class, parameters))
         elif problem := _policy_kwarg_problem(key, value, parameters[key]):
             problems.append(problem)
     if not problems and (problem := _check(validation.check_policy_kwargs_together, policy_kwargs)):

@@ -212,6 +212,20 @@ PPO_ARGUMENT_CHECKS: dict[str, Callable[[str, Any], Any]] = {
 }
 
 
+def linear_schedule_start(value: Any) -> float | None:
+    """
+    The initial value ``x`` of rl-zoo3's linear schedule string ``"lin_<x>"`` (a schedule from ``x``
+    to 0), or ``None`` when ``value`` is not such a string with a finite ``x > 0``.
+    """
+    if not isinstance(value, str) or not value.startswith("lin_"):
+        return None
+    try:
+        start = float(value[len("lin_") :])
+    except ValueError:
+        return None
+    return start if math.isfinite(start) and start > 0 else None
+
+
 def check_lstm_kwargs(name: str, value: Any) -> None:
     """An :class:`InvalidSettingError` unless ``value`` is ``None`` or a mapping whose ``dropout`` (if any) is in [0, 1]."""
     if value is None:
@@ -247,11 +261,7 @@ def check_network_learning_rates(name: str, value: Any) -> None:
     for network in LEARNING_RATE_NETWORKS:
         rate = value[network]
         if isinstance(rate, str):
-            try:
-                start = float(rate[len("lin_") :]) if rate.startswith("lin_") else math.nan
-            except ValueError:
-                start = math.nan
-            if not (math.isfinite(start) and start > 0):
+            if linear_schedule_start(rate) is None:
                 raise InvalidSettingError(
                     f"{name}.{network}={rate!r} is invalid: expected a number > 0, a schedule or 'lin_<x>' with x > 0"
                 )
@@ -277,27 +287,20 @@ def check_action_dist_together(
     check_choice("policy_kwargs.action_dist", action_dist, ACTION_DISTS)
     if action_dist != "beta":
         return
+    # setting -> (its value, whether it is set to something the Beta head excludes)
     given = {
-        "squash_output": squash_output is False,
-        "state_dependent_std": state_dependent_std is True,
-        "log_std_bounds": log_std_bounds is not None,
-        "entropy_estimator": entropy_estimator is not None,
-        "log_std_init": is_real(log_std_init) and float(log_std_init) != 0.0,
-        "use_sde": use_sde is True,
+        "squash_output": (squash_output, squash_output is False),
+        "state_dependent_std": (state_dependent_std, state_dependent_std is True),
+        "log_std_bounds": (log_std_bounds, log_std_bounds is not None),
+        "entropy_estimator": (entropy_estimator, entropy_estimator is not None),
+        "log_std_init": (log_std_init, is_real(log_std_init) and float(log_std_init) != 0.0),
+        "use_sde": (use_sde, use_sde is True),
     }
-    values = {
-        "squash_output": squash_output,
-        "state_dependent_std": state_dependent_std,
-        "log_std_bounds": log_std_bounds,
-        "entropy_estimator": entropy_estimator,
-        "log_std_init": log_std_init,
-        "use_sde": use_sde,
-    }
-    for key, conflicting in given.items():
+    for key, (value, conflicting) in given.items():
         if conflicting:
             where = key if key == "use_sde" else f"policy_kwargs.{key}"
             raise InvalidSettingError(
-                f"{where}={values[key]!r} is invalid with policy_kwargs.action_dist='beta': the Beta head is bounded by "
+                f"{where}={value!r} is invalid with policy_kwargs.action_dist='beta': the Beta head is bounded by "
                 "construction, has a state-dependent spread of its own and a closed-form entropy; "
                 f"{key} applies to the Gaussian head (action_dist='gaussian')"
             )
