@@ -14,7 +14,9 @@ finite, and ``log x = -softplus(-u)``, ``log(1 - x) = -softplus(u)`` are exact f
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import torch as th
@@ -238,6 +240,24 @@ class BetaDistribution(Distribution):
         return actions, self.log_prob(actions)
 
 
+@contextlib.contextmanager
+def unchecked_distributions() -> Iterator[None]:
+    """
+    Torch distributions created while the context is open skip argument validation, for their whole
+    life (``log_prob`` included): the same values, without the checks' tensor operations and host syncs.
+
+    The update runs inside it: its inputs are the rollout's, and a non-finite loss or gradient is
+    caught before it reaches the parameters. The switch is torch's process-wide default
+    (``Distribution.set_default_validate_args``), restored on exit.
+    """
+    previous = th.distributions.Distribution._validate_args
+    th.distributions.Distribution.set_default_validate_args(False)
+    try:
+        yield
+    finally:
+        th.distributions.Distribution.set_default_validate_args(previous)
+
+
 def torch_distributions(dist: Distribution) -> list[th.distributions.Distribution]:
     """
     The torch distribution(s) behind an SB3 distribution, with the batch as first dimension.
@@ -322,6 +342,70 @@ def concat_distributions(chunks: list[list[th.distributions.Distribution]]) -> l
     return out
 
 
+# The kinds of torch distribution whose parameters a rollout buffer can carry, with the names of the
+# parameter tensors that rebuild each one (see :func:`distribution_parameters`).
+PARAMETER_NAMES: dict[str, tuple[str, ...]] = {
+    "normal": ("loc", "scale"),
+    "beta": ("concentration1", "concentration0"),
+    "categorical": ("logits",),
+    "bernoulli": ("logits",),
+}
+
+
+def distribution_kind(dist: th.distributions.Distribution) -> str:
+    """
+    The :data:`PARAMETER_NAMES` kind of a torch distribution (a masked categorical is a categorical:
+    its masked logits are part of its parameters).
+
+    :raises NotImplementedError: for any other distribution
+    """
+    for kind, cls in (("normal", Normal), ("beta", Beta), ("categorical", Categorical), ("bernoulli", Bernoulli)):
+        if isinstance(dist, cls):
+            return kind
+    raise NotImplementedError(f"No parameters to carry for {type(dist).__name__}")
+
+
+def distribution_parameters(dists: list[th.distributions.Distribution]) -> tuple[tuple[str, ...], tuple[th.Tensor, ...]]:
+    """
+    The kinds of ``dists`` and their parameter tensors, flat in order (batch first): what rebuilds
+    them with :func:`distributions_from_parameters`, exactly (the tensors themselves, not a copy).
+
+    :param dists: as :func:`torch_distributions` returns them
+    :return: ``(kinds, tensors)``
+    """
+    kinds = tuple(distribution_kind(dist) for dist in dists)
+    tensors = tuple(getattr(dist, name) for dist, kind in zip(dists, kinds, strict=False) for name in PARAMETER_NAMES[kind])
+    return kinds, tensors
+
+
+def distributions_from_parameters(
+    kinds: tuple[str, ...], tensors: tuple[th.Tensor, ...] | list[th.Tensor]
+) -> list[th.distributions.Distribution]:
+    """
+    The torch distributions of :func:`distribution_parameters`' ``(kinds, tensors)`` (without
+    argument validation). A categorical is rebuilt from its normalised logits, which it normalises
+    again: its probabilities are the same up to float rounding (the KL between the two is 0 to
+    within 1e-7).
+    """
+    dists: list[th.distributions.Distribution] = []
+    position = 0
+    for kind in kinds:
+        count = len(PARAMETER_NAMES[kind])
+        params = tensors[position : position + count]
+        position += count
+        if kind == "normal":
+            dists.append(Normal(params[0], params[1], validate_args=False))
+        elif kind == "beta":
+            dists.append(Beta(params[0], params[1], validate_args=False))
+        elif kind == "categorical":
+            dists.append(Categorical(logits=params[0], validate_args=False))
+        else:
+            dists.append(Bernoulli(logits=params[0], validate_args=False))
+    if position != len(tensors):
+        raise ValueError(f"{len(tensors)} parameter tensors for the kinds {kinds}: expected {position}")
+    return dists
+
+
 def categorical_kl(p: Categorical, q: Categorical) -> th.Tensor:
     """
     ``KL(p || q) = sum_k p_k (log p_k - log q_k)`` over the categories with ``p_k > 0``: torch's
@@ -341,6 +425,8 @@ def categorical_kl(p: Categorical, q: Categorical) -> th.Tensor:
 def _kl(p: th.distributions.Distribution, q: th.distributions.Distribution) -> th.Tensor:
     if isinstance(p, Categorical) and isinstance(q, Categorical):
         return categorical_kl(p, q)
+    if type(p) is Normal and type(q) is Normal:  # torch's formula, without its dispatch
+        return _normal_kl(p.loc, p.scale, q.loc, q.scale)
     return th_kl_divergence(p, q)
 
 
@@ -367,32 +453,6 @@ def _normal_kl(p_loc: th.Tensor, p_scale: th.Tensor, q_loc: th.Tensor, q_scale: 
     var_ratio = (p_scale / q_scale).pow(2)
     t1 = ((p_loc - q_loc) / q_scale).pow(2)
     return 0.5 * (var_ratio + t1 - 1 - var_ratio.log())
-
-
-def indexed_analytic_kl(
-    p: list[th.distributions.Distribution], index: th.Tensor | slice, q: list[th.distributions.Distribution]
-) -> th.Tensor:
-    """
-    ``analytic_kl([index_distribution(d, index) for d in p], q)``: the KL of the rows ``index`` of
-    ``p`` to ``q``, without building the indexed distributions for Gaussian pairs (what PPOExt's KL
-    penalty needs on every minibatch).
-
-    :param p: e.g. the old policy's distributions on the whole rollout
-    :param index: rows of ``p`` that ``q`` was evaluated on
-    :param q: e.g. the new policy's distributions on the minibatch
-    :return: tensor of shape ``(batch,)``
-    """
-    total = None
-    for p_i, q_i in zip(p, q, strict=True):
-        if type(p_i) is Normal and type(q_i) is Normal:
-            kl = _normal_kl(p_i.loc[index], p_i.scale[index], q_i.loc, q_i.scale)
-        else:
-            kl = _kl(index_distribution(p_i, index), q_i)
-        if kl.dim() > 1:
-            kl = kl.flatten(start_dim=1).sum(dim=1)
-        total = kl if total is None else total + kl
-    assert total is not None
-    return total
 
 
 def mean_std(dists: list[th.distributions.Distribution]) -> float | None:

@@ -13,19 +13,20 @@ What differs per algorithm is three named seams, each a method the algorithm ove
   LSTM states and episode starts);
 - :meth:`ExtUpdateEngine._valid_samples`: which samples of a minibatch count (the unpadded steps
   of a recurrent minibatch; ``None``: all of them);
-- :meth:`ExtUpdateEngine._rollout_distributions`: the policy's action distributions on the whole
-  rollout, in the buffer's flattened (environment-major) row order: ``pi_new`` after the update
-  (for the update's KL, beta and diagnostics), and ``pi_old`` where it was not recorded during
-  collection (:class:`RolloutDistributions` keeps the distributions the policy sampled from).
+- :meth:`ExtUpdateEngine._samples_distribution`: a policy's action distribution on a minibatch
+  (or on the whole rollout, after the update: ``pi_new`` for the update's KL, beta and diagnostics).
 
-Which rollout rows a minibatch holds is read off the buffer itself: SB3's and sb3-contrib's
-buffers build every minibatch with ``_get_samples(batch_inds, ...)``, which the engine observes
-for the duration of an update (:func:`observed_batches`) without changing what it returns.
+``pi_old``, the distribution each action was sampled from, rides in the rollout buffer
+(:mod:`sb3_ppo_ext.buffers`, chosen through ``rollout_buffer_class``): every minibatch carries its
+rows' parameters, so the KL penalty never needs to know which rollout rows a minibatch holds. With a
+buffer class of the user's own (or a rollout collected without the distributions), ``pi_old`` is
+recomputed: on the whole rollout before the update, and on each minibatch by a frozen copy of the
+policy as it was before the update.
 """
 
 from __future__ import annotations
 
-import contextlib
+import copy
 import inspect
 import io
 import math
@@ -41,17 +42,17 @@ from gymnasium import spaces
 from stable_baselines3.common.buffers import BaseBuffer
 from stable_baselines3.common.type_aliases import GymEnv, PyTorchObs
 from stable_baselines3.common.utils import explained_variance
-from torch.distributions import Beta, Normal
 
 from sb3_ppo_ext import losses, validation
+from sb3_ppo_ext.buffers import PI_OLD_BUFFERS, PiOldBuffer
 from sb3_ppo_ext.distributions import (
     analytic_kl,
     concat_distributions,
-    detach_distributions,
+    distributions_from_parameters,
     index_distribution,
-    indexed_analytic_kl,
     mean_std,
     torch_distributions,
+    unchecked_distributions,
 )
 from sb3_ppo_ext.reliability import ModelFileError, atomic_path, check_model_file, zip_path
 
@@ -79,10 +80,15 @@ class Minibatch(NamedTuple):
 
     samples: Any
     """the buffer's own samples (``RolloutBufferSamples``, ``MaskableRolloutBufferSamples``, ...)"""
-    rows: th.Tensor
-    """rollout rows (flattened, environment-major) of the valid samples, in order"""
     valid: th.Tensor | None
     """boolean mask of the valid samples among ``samples``' rows; ``None``: all are valid"""
+    old_distributions: list[th.distributions.Distribution] | None = None
+    """``pi_old`` on the valid samples (for the KL penalty; ``None`` without it)"""
+
+    @property
+    def n_valid(self) -> int | th.Tensor:
+        """The number of valid samples (a tensor when counted from ``valid``: no host sync)."""
+        return len(self.samples.advantages) if self.valid is None else self.valid.sum()
 
 
 # The attribute through which ``load`` hands its keyword arguments to ``_setup_model`` (SB3's ``load`` sets
@@ -111,17 +117,17 @@ class _UpdateStats:
     """
 
     def __init__(self) -> None:
-        # keys of one add_mean call -> (stacked rows, weights)
-        self._rows: dict[tuple[str, ...], tuple[list[th.Tensor], list[float]]] = {}
+        # keys of one add_mean call -> (stacked rows, weights: numbers or 0-d tensors)
+        self._rows: dict[tuple[str, ...], tuple[list[th.Tensor], list[float | th.Tensor]]] = {}
         self._means: dict[str, float] | None = None
         self._extremes: dict[str, list[th.Tensor]] = {}
 
-    def add_mean(self, weight: float, **values: th.Tensor) -> None:
+    def add_mean(self, weight: float | th.Tensor, **values: th.Tensor) -> None:
         with th.no_grad():  # the scalars of one minibatch share dtype and device
             row = th.stack(tuple(values.values()))
         rows, weights = self._rows.setdefault(tuple(values), ([], []))
         rows.append(row)
-        weights.append(float(weight))
+        weights.append(weight)
         self._means = None
 
     def add_extremes(self, key: str, values: th.Tensor) -> None:
@@ -131,7 +137,8 @@ class _UpdateStats:
         if self._means is None:
             totals: dict[str, tuple[float, float]] = {}
             for keys, (rows, weights) in self._rows.items():
-                weight = th.tensor(weights, dtype=th.float64, device=rows[0].device)
+                device = rows[0].device
+                weight = th.stack([th.as_tensor(w, dtype=th.float64, device=device) for w in weights])
                 sums = (th.stack(rows).to(th.float64) * weight[:, None]).sum(dim=0).tolist()
                 for key, value in zip(keys, sums, strict=True):
                     total, total_weight = totals.get(key, (0.0, 0.0))
@@ -150,37 +157,11 @@ class _UpdateStats:
         return key in self._reduce()
 
 
-@contextlib.contextmanager
-def observed_batches(buffer: BaseBuffer) -> Iterator[list[np.ndarray]]:
-    """
-    Record the ``batch_inds`` of every minibatch the buffer builds while the context is open.
-
-    SB3's and sb3-contrib's rollout buffers build each minibatch of ``get`` with
-    ``self._get_samples(batch_inds, ...)``, ``batch_inds`` being rows of the flattened
-    (environment-major) rollout. An instance attribute wraps that method: the minibatches, their
-    order and the random draws are untouched.
-
-    :param buffer: the rollout buffer
-    :return: the list the ``batch_inds`` are appended to, one array per minibatch
-    """
-    seen: list[np.ndarray] = []
-    original = buffer._get_samples  # type: ignore[attr-defined]
-
-    def observe(batch_inds: np.ndarray, *args: Any, **kwargs: Any) -> Any:
-        seen.append(batch_inds)
-        return original(batch_inds, *args, **kwargs)
-
-    buffer._get_samples = observe  # type: ignore[attr-defined]
-    try:
-        yield seen
-    finally:
-        del buffer._get_samples  # type: ignore[attr-defined]
-
-
 def flat_rollout(buffer: BaseBuffer, array: np.ndarray) -> np.ndarray:
     """
     A rollout array in the row order of the buffer's minibatches: ``(n_steps, n_envs, ...)`` ->
-    ``(n_envs * n_steps, ...)``, unless the buffer's first ``get`` has already flattened it.
+    ``(n_envs * n_steps, ...)``, unless the buffer's first ``get`` has already flattened it
+    (SB3's public ``generator_ready`` and ``swap_and_flatten``).
     """
     return array if buffer.generator_ready else buffer.swap_and_flatten(array)  # type: ignore[attr-defined]
 
@@ -193,75 +174,14 @@ def flat_observations(buffer: BaseBuffer) -> PyTorchObs:
     return buffer.to_torch(flat_rollout(buffer, observations))
 
 
-class RolloutDistributions:
-    """
-    ``pi_old`` as the policy computed it while collecting the rollout, one entry per step.
-
-    While :meth:`recording` is open, a forward hook keeps the distribution of each ``policy(obs)``
-    call (collection runs without autograd, so there is nothing to detach), and the buffer's
-    ``add`` files it under the step being added when the ``log_prob`` it stores is the very tensor
-    that forward returned (so a forward call of anyone else in between, e.g. a callback's, is never
-    mistaken for the rollout's). :meth:`distributions`
-    assembles them in the buffer's flattened row order, or returns ``None`` when a step is missing
-    (a policy without SB3's ``action_dist``, a rollout collected otherwise): the engine then
-    recomputes ``pi_old`` with a forward pass over the rollout.
-    """
-
-    def __init__(self) -> None:
-        self._steps: dict[int, list[th.distributions.Distribution]] = {}
-        self._last: tuple[th.Tensor, list[th.distributions.Distribution]] | None = None
-
-    @contextlib.contextmanager
-    def recording(self, policy: th.nn.Module, buffer: BaseBuffer) -> Iterator[None]:
-        """Record the distributions of one rollout's collection."""
-        self._steps, self._last = {}, None
-
-        def after_forward(module: th.nn.Module, args: Any, output: Any) -> None:
-            try:
-                dists = torch_distributions(module.action_dist)  # type: ignore[arg-type]
-            except (AttributeError, NotImplementedError):
-                self._last = None
-                return
-            # Collection runs without autograd: the parameters hold no graph and are kept as they are.
-            self._last = (output[2], dists if not th.is_grad_enabled() else detach_distributions(dists))
-
-        original_add = buffer.add
-
-        def add(*args: Any, **kwargs: Any) -> None:
-            log_prob = kwargs["log_prob"] if "log_prob" in kwargs else args[5]
-            if self._last is not None and log_prob is self._last[0]:
-                self._steps[buffer.pos] = self._last[1]
-            self._last = None
-            original_add(*args, **kwargs)
-
-        handle = policy.register_forward_hook(after_forward)
-        buffer.add = add  # type: ignore[method-assign]
-        try:
-            yield
-        finally:
-            handle.remove()
-            del buffer.add
-            self._last = None
-
-    def distributions(self, buffer: BaseBuffer) -> list[th.distributions.Distribution] | None:
-        """The recorded rollout's distributions in the buffer's flattened (environment-major) row order."""
-        n_steps, n_envs = buffer.buffer_size, buffer.n_envs
-        if sorted(self._steps) != list(range(n_steps)):
-            return None
-        step_major = concat_distributions([self._steps[step] for step in range(n_steps)])
-        if len(step_major) == 0 or step_major[0].batch_shape[0] != n_steps * n_envs:
-            return None
-        if n_envs == 1:  # one env: step-major is environment-major
-            return step_major
-        # row t * n_envs + e (step-major) -> row e * n_steps + t (environment-major, as swap_and_flatten)
-        order = (th.arange(n_steps).unsqueeze(0) * n_envs + th.arange(n_envs).unsqueeze(1)).flatten()
-        return [index_distribution(dist, order.to(_device_of(dist))) for dist in step_major]
+def _valid_rows(dists: list[th.distributions.Distribution], valid: th.Tensor | None) -> list[th.distributions.Distribution]:
+    """The rows ``valid`` (a boolean mask) of batched torch distributions; all of them for ``None``."""
+    return dists if valid is None else [index_distribution(dist, valid) for dist in dists]
 
 
-def _device_of(dist: th.distributions.Distribution) -> th.device:
-    if isinstance(dist, Beta):
-        return dist.concentration1.device
-    return (dist.loc if isinstance(dist, Normal) else dist.logits).device
+def _joined(parts: list[list[th.distributions.Distribution]]) -> list[th.distributions.Distribution]:
+    """Per-chunk distributions joined along the batch (one chunk needs no concatenation)."""
+    return parts[0] if len(parts) == 1 else concat_distributions(parts)
 
 
 def index_observations(obs: PyTorchObs, index: th.Tensor | slice) -> PyTorchObs:
@@ -582,17 +502,40 @@ class ExtUpdateEngine:
         clipping_off = self.clip_range is None
         if clipping_off:
             self.clip_range = 1.0
+        self._choose_rollout_buffer_class()
         super()._setup_model()  # type: ignore[misc]
         if clipping_off:
             self.clip_range = None
-        self._collected = RolloutDistributions()
 
-    def _excluded_save_params(self) -> list[str]:
-        return [*super()._excluded_save_params(), "_collected"]  # type: ignore[misc]
+    # The buffer classes carrying pi_old (plain and Dict observations) that replace upstream's default
+    # choice; ``None``: the algorithm takes no ``rollout_buffer_class`` (RecurrentPPO builds its own).
+    _pi_old_buffer_classes: ClassVar[tuple[type, type] | None] = None
+
+    def _choose_rollout_buffer_class(self) -> None:
+        """
+        ``rollout_buffer_class`` as ``_setup_model`` uses it: where it is ``None`` (upstream's choice by
+        the observation space) or one of upstream's own buffer classes, the subclass of that class that
+        carries ``pi_old`` (:data:`sb3_ppo_ext.buffers.PI_OLD_BUFFERS`: the same rollout and minibatches,
+        plus each sample's ``old_distribution``). A class of the user's own is kept: the update then
+        recomputes ``pi_old``.
+        """
+        if self._pi_old_buffer_classes is None:
+            return
+        chosen = getattr(self, "rollout_buffer_class", None)
+        if chosen is None:
+            plain, dict_buffer = self._pi_old_buffer_classes
+            chosen = dict_buffer if isinstance(self.observation_space, spaces.Dict) else plain
+        self.rollout_buffer_class = PI_OLD_BUFFERS.get(chosen, chosen)
 
     def collect_rollouts(self, *args: Any, **kwargs: Any) -> bool:
-        """The algorithm's collection (:meth:`_collect_rollouts`), recording ``pi_old`` on every step."""
-        with self._collected.recording(self.policy, self.rollout_buffer):
+        """
+        The algorithm's collection (:meth:`_collect_rollouts`); a buffer of :mod:`sb3_ppo_ext.buffers`
+        records each step's ``pi_old`` from the policy's forward calls meanwhile.
+        """
+        buffer = self.rollout_buffer
+        if not isinstance(buffer, PiOldBuffer):
+            return self._collect_rollouts(*args, **kwargs)
+        with buffer.recording(self.policy):
             return self._collect_rollouts(*args, **kwargs)
 
     def _collect_rollouts(self, *args: Any, **kwargs: Any) -> bool:
@@ -632,10 +575,42 @@ class ExtUpdateEngine:
         """Boolean mask of the minibatch rows that count (``None``: all of them)."""
         return None
 
-    def _rollout_distributions(self) -> list[th.distributions.Distribution]:
+    def _samples_distribution(self, policy: Any, samples: Any) -> Any:
+        """``policy``'s (SB3) action distribution on the samples (of a minibatch, or of the whole rollout)."""
+        return policy.get_distribution(samples.observations)
+
+    def _rollout_distributions(
+        self, with_old: bool = False
+    ) -> tuple[list[th.distributions.Distribution], list[th.distributions.Distribution] | None]:
         """
-        The policy's (detached) action distributions on every rollout sample, in eval mode, in the
-        buffer's flattened row order (chunks of ``DISTRIBUTION_CHUNK`` rows).
+        The policy's (detached) action distributions on every valid rollout sample, in eval mode, in the
+        buffer's flattened row order, and with ``with_old`` the ``pi_old`` the buffer carries for them.
+
+        :param with_old: whether to return the carried ``pi_old`` too (the buffer must carry it)
+        :return: ``(policy's distributions, pi_old or None)``
+        """
+        buffer = self.rollout_buffer
+        if not isinstance(buffer, PiOldBuffer):
+            return self._flat_rollout_distributions(), None
+        self.policy.set_training_mode(False)
+        new_parts, old_parts = [], []
+        with th.no_grad():
+            for samples in buffer.rollout_samples(DISTRIBUTION_CHUNK):
+                valid = self._valid_samples(samples)
+                new_parts.append(_valid_rows(torch_distributions(self._samples_distribution(self.policy, samples)), valid))
+                if with_old:
+                    old_parts.append(self._carried_distributions(samples, valid))
+        return _joined(new_parts), _joined(old_parts) if with_old else None
+
+    def _carried_distributions(self, samples: Any, valid: th.Tensor | None) -> list[th.distributions.Distribution]:
+        """``pi_old`` on the valid samples, from the parameters the samples carry."""
+        kinds = self.rollout_buffer.distribution_kinds
+        return _valid_rows(distributions_from_parameters(kinds, samples.old_distribution), valid)
+
+    def _flat_rollout_distributions(self) -> list[th.distributions.Distribution]:
+        """
+        :meth:`_rollout_distributions` for a buffer class of the user's own (a subclass of the
+        algorithm's upstream buffer): on its flattened observations, in chunks of ``DISTRIBUTION_CHUNK`` rows.
         """
         obs = flat_observations(self.rollout_buffer)
         n_samples = self.rollout_buffer.buffer_size * self.rollout_buffer.n_envs
@@ -694,7 +669,6 @@ class ExtUpdateEngine:
     def minibatch_losses(
         self,
         batch: Minibatch,
-        old_distributions: list[th.distributions.Distribution] | None,
         clip_range: float | None,
         clip_range_vf: float | None,
         kl_coef: float,
@@ -702,9 +676,8 @@ class ExtUpdateEngine:
         """
         Every loss term and per-minibatch diagnostic of one minibatch.
 
-        :param batch: the minibatch, its rollout rows and its valid samples
-        :param old_distributions: ``pi_old`` on every rollout row (for the analytic KL penalty;
-            ``None`` when ``kl_coef == 0``)
+        :param batch: the minibatch, its valid samples and (for the analytic KL penalty, when
+            ``kl_coef > 0``) ``pi_old`` on them
         :param clip_range: current surrogate clip range, or ``None``
         :param clip_range_vf: current value clip range, or ``None``
         :param kl_coef: current ``beta`` (0: no penalty)
@@ -730,11 +703,9 @@ class ExtUpdateEngine:
         terms = {}
         kl_penalty = None
         if kl_coef > 0:
-            assert distribution is not None and old_distributions is not None
-            new = torch_distributions(distribution)
-            if valid is not None:
-                new = [index_distribution(d, valid) for d in new]
-            kl_penalty = losses.kl_penalty_loss(indexed_analytic_kl(old_distributions, batch.rows, new), kl_coef)
+            assert distribution is not None and batch.old_distributions is not None
+            new = _valid_rows(torch_distributions(distribution), valid)
+            kl_penalty = losses.kl_penalty_loss(analytic_kl(batch.old_distributions, new), kl_coef)
             terms["kl_penalty"] = kl_penalty
         value_loss = losses.value_loss(values, old_values, samples.returns, clip_range_vf, self.vf_clip_mode, valid)
         # Entropy loss favors exploration; approximate it from samples when there is no closed form
@@ -771,24 +742,43 @@ class ExtUpdateEngine:
         terms["loss"] = loss
         return terms
 
-    def _minibatches(self) -> Iterator[Minibatch]:
-        """One epoch's minibatches: the buffer's own ``get(batch_size)``, with the rows each one holds."""
-        with observed_batches(self.rollout_buffer) as seen:
-            for samples in self.rollout_buffer.get(self.batch_size):
-                rows = th.as_tensor(seen[-1], device=self.device)
-                yield Minibatch(samples, rows, self._valid_samples(samples))
+    def _minibatches(self, with_old: bool = False, frozen_policy: Any = None) -> Iterator[Minibatch]:
+        """
+        One epoch's minibatches: the buffer's own ``get(batch_size)``, with their valid samples and,
+        with ``with_old``, ``pi_old`` on them: the parameters the samples carry or, with
+        ``frozen_policy`` (a copy of the policy from before the update), that policy's distributions.
+        """
+        for samples in self.rollout_buffer.get(self.batch_size):
+            valid = self._valid_samples(samples)
+            old = None
+            if with_old and frozen_policy is None:
+                old = self._carried_distributions(samples, valid)
+            elif with_old:
+                with th.no_grad():
+                    old = _valid_rows(torch_distributions(self._samples_distribution(frozen_policy, samples)), valid)
+            yield Minibatch(samples, valid, old)
+
+    def _carries_pi_old(self) -> bool:
+        """Whether the rollout buffer carries ``pi_old`` for every sample of this rollout."""
+        return isinstance(self.rollout_buffer, PiOldBuffer) and self.rollout_buffer.carries_pi_old
 
     def train(self) -> None:
         """
         Update policy using the currently gathered rollout buffer.
 
         Written out rather than extending the upstream ``train``, which has no hook for extra loss
-        terms or per-minibatch statistics; the steps and their order follow upstream's.
+        terms or per-minibatch statistics; the steps and their order follow upstream's. The
+        distributions it builds skip torch's argument validation (:func:`~sb3_ppo_ext.distributions.unchecked_distributions`).
         """
-        # pi_old on every sample as collected (eval mode), for the analytic KL; recomputed if not recorded.
-        old_distributions = self._collected.distributions(self.rollout_buffer)
-        if old_distributions is None:
-            old_distributions = self._rollout_distributions()
+        with unchecked_distributions():
+            self._train()
+
+    def _train(self) -> None:
+        """The update of :meth:`train`."""
+        # pi_old as collected (eval mode) rides in the buffer; without it, it is recomputed before the
+        # update: on the whole rollout (for the update's KL) and, for the penalty, by a frozen copy of the policy.
+        carried = self._carries_pi_old()
+        old_distributions = None if carried else self._rollout_distributions()[0]
         self.policy.set_training_mode(True)
         self._update_learning_rates()
         progress = self._current_progress_remaining
@@ -796,38 +786,47 @@ class ExtUpdateEngine:
         clip_range_vf = None if self.clip_range_vf is None else float(self.clip_range_vf(progress))
         # The beta rule: a fixed beta is kl_coef as it is now (ParameterScheduler may have set it).
         self.current_kl_coef = kl_coef = self._live_kl_coef(self._kl_state())
+        frozen_policy = None
+        if kl_coef > 0 and not carried:
+            frozen_policy = copy.deepcopy(self.policy)
+            frozen_policy.set_training_mode(False)
 
         stats = _UpdateStats()
         grad_norms: list[th.Tensor] = []
+        parameters = list(self.policy.parameters())  # once, not per minibatch (the same tensors in the same order)
         continue_training = True
         epochs_completed = 0
         for epoch in range(self.n_epochs):
-            # Closed explicitly (also after an early stop or an error): the buffer observer is removed.
-            batches = self._minibatches()
+            # Closed explicitly (also after an early stop or an error): the buffer's generator is finished.
+            batches = self._minibatches(with_old=kl_coef > 0, frozen_policy=frozen_policy)
             try:
                 for batch in batches:
-                    terms = self.minibatch_losses(
-                        batch, old_distributions if kl_coef > 0 else None, clip_range, clip_range_vf, kl_coef
-                    )
+                    terms = self.minibatch_losses(batch, clip_range, clip_range_vf, kl_coef)
                     loss, approx_kl = terms["loss"], terms["approx_kl"]
-                    stats.add_mean(float(len(batch.rows)), **{k: v for k, v in terms.items() if k != "ratio"})
+                    stats.add_mean(batch.n_valid, **{k: v for k, v in terms.items() if k != "ratio"})
                     stats.add_extremes("ratio", terms["ratio"])
 
-                    # One host read instead of th.isfinite's element-wise ops (the same test on a scalar).
-                    if not math.isfinite(loss.item()):
-                        self._raise_non_finite("loss", epoch, terms)
-
-                    # Early stopping on SB3's criterion, see SB3 issue #417 and PR #419
-                    if self.target_kl is not None and approx_kl > 1.5 * self.target_kl:
-                        continue_training = False
-                        if self.verbose >= 1:
-                            self.logger.info(f"Early stopping at step {epoch} due to reaching max kl: {approx_kl.item():.2f}")
-                        break
+                    # Early stopping on SB3's criterion, see SB3 issue #417 and PR #419; a non-finite
+                    # loss is reported before it (the comparison reads the host anyway).
+                    if self.target_kl is not None:
+                        if not math.isfinite(loss.item()):
+                            self._raise_non_finite("loss", epoch, terms)
+                        if approx_kl > 1.5 * self.target_kl:
+                            continue_training = False
+                            if self.verbose >= 1:
+                                self.logger.info(
+                                    f"Early stopping at step {epoch} due to reaching max kl: {approx_kl.item():.2f}"
+                                )
+                            break
 
                     self.policy.optimizer.zero_grad()
                     loss.backward()
-                    grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
-                    if not math.isfinite(grad_norm.item()):
+                    grad_norm = th.nn.utils.clip_grad_norm_(parameters, self.max_grad_norm)
+                    # One host read per minibatch for both guards: loss + norm is finite iff both are. Nothing
+                    # has reached the parameters yet (the optimizer steps below); the raise clears the gradients.
+                    if not math.isfinite((loss.detach() + grad_norm).item()):
+                        if not math.isfinite(loss.item()):
+                            self._raise_non_finite("loss", epoch, terms)
                         self._raise_non_finite("gradient", epoch, dict(grad_norm=grad_norm, loss=loss))
                     grad_norms.append(grad_norm.detach())
                     self.policy.optimizer.step()
@@ -839,8 +838,8 @@ class ExtUpdateEngine:
             epochs_completed += 1
 
         # pi_new on every sample: the analytic KL(pi_old || pi_new) of this update.
-        new_distributions = self._rollout_distributions()
-        kl = analytic_kl(old_distributions, new_distributions)
+        new_distributions, carried_old = self._rollout_distributions(with_old=carried)
+        kl = analytic_kl(carried_old if carried else old_distributions, new_distributions)
         mean_kl = float(kl.mean().item())
         if self.uses_kl_penalty and self.kl_target is not None:
             self.current_kl_coef = losses.adapt_kl_coef(

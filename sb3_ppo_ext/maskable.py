@@ -18,9 +18,10 @@ from stable_baselines3.common.torch_layers import CombinedExtractor, NatureCNN
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, PyTorchObs, Schedule
 from stable_baselines3.common.vec_env import VecEnv
 
+from sb3_ppo_ext.buffers import PiOldMaskableDictRolloutBuffer, PiOldMaskableRolloutBuffer
 from sb3_ppo_ext.engine import ExtUpdateEngine, checked_arguments, flat_observations, flat_rollout, index_observations
 from sb3_ppo_ext.envs import masks_of, without_masks
-from sb3_ppo_ext.policies import NetworkLearningRates
+from sb3_ppo_ext.policies import CheckedForward, NetworkLearningRates, with_foreach_adam
 
 SelfMaskablePPOExt = TypeVar("SelfMaskablePPOExt", bound="MaskablePPOExt")
 
@@ -107,7 +108,7 @@ def observation_rows(observation: Any, observation_space: spaces.Space) -> int:
     return max(1, np.size(observation) // max(1, int(np.prod(observation_space.shape))))
 
 
-class MaskablePPOExtPolicy(NetworkLearningRates, MaskableActorCriticPolicy):
+class MaskablePPOExtPolicy(CheckedForward, NetworkLearningRates, MaskableActorCriticPolicy):
     """
     sb3-contrib's ``MaskableActorCriticPolicy`` whose ``evaluate_actions`` can also return the
     masked action distribution, so that the KL penalty needs no second forward pass. The network,
@@ -133,7 +134,7 @@ class MaskablePPOExtPolicy(NetworkLearningRates, MaskableActorCriticPolicy):
                 f"squash_output={squash_output!r} is invalid for MaskablePPOExt: its action spaces (Discrete, "
                 "MultiDiscrete, MultiBinary) are discrete and have no squashed head; expected None or False"
             )
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, **with_foreach_adam(kwargs))
         self._init_network_learning_rates(learning_rates)
 
     def evaluate_actions_and_distribution(
@@ -240,6 +241,8 @@ class MaskablePPOExt(ExtUpdateEngine, MaskablePPO):
     :param kl_coef_bounds: ``(min, max)`` within which the adaptive ``beta`` is kept
     :param max_grad_norm: The maximum value for the gradient clipping
     :param rollout_buffer_class: Rollout buffer class to use. If ``None``, it will be automatically selected.
+        ``None`` and upstream's own classes become their subclass in :mod:`sb3_ppo_ext.buffers`, which carries
+        ``pi_old`` with each sample (the same rollout otherwise); with a class of your own, ``pi_old`` is recomputed.
     :param rollout_buffer_kwargs: Keyword arguments to pass to the rollout buffer on creation
     :param target_kl: Limit the KL divergence between updates (SB3's early stop), ``None`` for no limit
     :param stats_window_size: Window size for the rollout logging
@@ -337,7 +340,12 @@ class MaskablePPOExt(ExtUpdateEngine, MaskablePPO):
         distribution = self.policy.get_distribution(samples.observations, action_masks=masks) if need_distribution else None
         return values, log_prob, entropy, distribution
 
-    def _rollout_distributions(self) -> list[th.distributions.Distribution]:
+    _pi_old_buffer_classes = (PiOldMaskableRolloutBuffer, PiOldMaskableDictRolloutBuffer)
+
+    def _samples_distribution(self, policy: Any, samples: Any) -> Any:
+        return policy.get_distribution(samples.observations, action_masks=samples.action_masks)
+
+    def _flat_rollout_distributions(self) -> list[th.distributions.Distribution]:
         buffer = self.rollout_buffer
         obs = flat_observations(buffer)
         masks = buffer.to_torch(flat_rollout(buffer, buffer.action_masks))

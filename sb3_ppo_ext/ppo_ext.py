@@ -14,6 +14,7 @@ from stable_baselines3.common.type_aliases import (
     Schedule,
 )
 
+from sb3_ppo_ext.buffers import PiOldDictRolloutBuffer, PiOldRolloutBuffer
 from sb3_ppo_ext.engine import ExtUpdateEngine, NonFiniteLossError, checked_arguments
 from sb3_ppo_ext.policies import CnnPolicy, MlpPolicy, MultiInputPolicy
 
@@ -69,6 +70,8 @@ class PPOExt(ExtUpdateEngine, PPO):
     :param sde_sample_freq: Sample a new noise matrix every n steps when using gSDE
         Default: -1 (only sample at the beginning of the rollout)
     :param rollout_buffer_class: Rollout buffer class to use. If ``None``, it will be automatically selected.
+        ``None`` and upstream's own classes become their subclass in :mod:`sb3_ppo_ext.buffers`, which carries
+        ``pi_old`` with each sample (the same rollout otherwise); with a class of your own, ``pi_old`` is recomputed.
     :param rollout_buffer_kwargs: Keyword arguments to pass to the rollout buffer on creation
     :param target_kl: Limit the KL divergence between updates (SB3's early stopping on the
         per-minibatch ``approx_kl``), ``None`` for no limit
@@ -86,6 +89,7 @@ class PPOExt(ExtUpdateEngine, PPO):
     :param _init_setup_model: Whether or not to build the network at the creation of the instance
     """
 
+    _pi_old_buffer_classes = (PiOldRolloutBuffer, PiOldDictRolloutBuffer)
     policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
         "MlpPolicy": MlpPolicy,
         "CnnPolicy": CnnPolicy,

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from copy import deepcopy
 from typing import Any, ClassVar, TypeVar
 
-import numpy as np
 import torch as th
+from gymnasium import spaces
 from sb3_contrib import RecurrentPPO
 from sb3_contrib.common.recurrent.buffers import RecurrentDictRolloutBuffer, RecurrentRolloutBuffer
 from sb3_contrib.common.recurrent.policies import RecurrentActorCriticPolicy
@@ -22,8 +22,8 @@ from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, PyTorch
 from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_ppo_ext.distributions import torch_distributions
-from sb3_ppo_ext.engine import ExtUpdateEngine, checked_arguments, flat_observations, flat_rollout
+from sb3_ppo_ext.buffers import PI_OLD_BUFFERS
+from sb3_ppo_ext.engine import ExtUpdateEngine, checked_arguments
 from sb3_ppo_ext.policies import PPOExtActorCriticPolicy
 
 SelfRecurrentPPOExt = TypeVar("SelfRecurrentPPOExt", bound="RecurrentPPOExt")
@@ -313,24 +313,33 @@ class RecurrentPPOExt(ExtUpdateEngine, RecurrentPPO):
         # The buffer pads sequences to equal length; its mask marks the real steps (as upstream's train reads it).
         return samples.mask > 1e-8
 
-    def _rollout_distributions(self) -> list[th.distributions.Distribution]:
+    def _samples_distribution(self, policy: Any, samples: Any) -> Any:
+        return policy.get_distribution(samples.observations, samples.lstm_states.pi, samples.episode_starts)[0]
+
+    def _flat_rollout_distributions(self) -> list[th.distributions.Distribution]:
+        raise TypeError(
+            f"RecurrentPPOExt needs its rollout buffer to be a sb3_ppo_ext.buffers.PiOldBuffer (the buffer it builds), "
+            f"not {type(self.rollout_buffer).__name__}: the LSTM's states come from its samples"
+        )
+
+    def _setup_model(self) -> None:
         """
-        The policy on every rollout step, replayed as collected: each environment's steps are one
-        sequence from the LSTM state stored at its first step, reset at episode starts.
+        Upstream's ``_setup_model`` (through the engine's), with upstream's recurrent buffer replaced by
+        its subclass carrying ``pi_old`` (:mod:`sb3_ppo_ext.buffers`), built with the same arguments.
         """
+        super()._setup_model()
         buffer = self.rollout_buffer
-        obs = flat_observations(buffer)
-        episode_starts = buffer.to_torch(flat_rollout(buffer, buffer.episode_starts))
-        if buffer.generator_ready:  # flattened: (n_envs * n_steps, n_layers, hidden), environment-major
-            first = slice(None, None, buffer.buffer_size)
-            states = (buffer.hidden_states_pi[first].swapaxes(0, 1), buffer.cell_states_pi[first].swapaxes(0, 1))
-        else:  # as collected: (n_steps, n_layers, n_envs, hidden)
-            states = (buffer.hidden_states_pi[0], buffer.cell_states_pi[0])
-        lstm_states = tuple(buffer.to_torch(np.ascontiguousarray(state)) for state in states)
-        self.policy.set_training_mode(False)
-        with th.no_grad():
-            distribution, _ = self.policy.get_distribution(obs, lstm_states, episode_starts)
-        return torch_distributions(distribution)
+        buffer_class = PI_OLD_BUFFERS[type(buffer)]
+        self.rollout_buffer = buffer_class(
+            buffer.buffer_size,
+            buffer.observation_space,
+            buffer.action_space,
+            buffer.hidden_state_shape,
+            buffer.device,
+            gamma=buffer.gamma,
+            gae_lambda=buffer.gae_lambda,
+            n_envs=buffer.n_envs,
+        )
 
     # ---- collection -----------------------------------------------------------------------------
 
@@ -359,7 +368,9 @@ class RecurrentPPOExt(ExtUpdateEngine, RecurrentPPO):
         Upstream's ``collect_rollouts`` with one change: with a squashed head the env receives
         ``policy.unscale_action(u)`` of the pre-squash sample ``u`` (which the buffer stores), as SB3's
         PPO does, instead of ``u`` clipped to the bounds. Written out because upstream clips ``Box``
-        actions unconditionally and has no hook between sampling and ``env.step``.
+        actions unconditionally and has no hook between sampling and ``env.step``; a test
+        (``test_recurrent_collection_copy_matches_the_installed_upstream``) fails when the installed
+        upstream's ``collect_rollouts`` differs from this copy by more than that one change.
 
         :param env: The training environment
         :param callback: Callback that will be called at each step (and at the beginning and end of the rollout)
@@ -368,7 +379,9 @@ class RecurrentPPOExt(ExtUpdateEngine, RecurrentPPO):
         :return: True if function returned with at least ``n_rollout_steps`` collected, False if
             callback terminated rollout prematurely.
         """
-        assert isinstance(rollout_buffer, (RecurrentRolloutBuffer, RecurrentDictRolloutBuffer))
+        assert isinstance(rollout_buffer, (RecurrentRolloutBuffer, RecurrentDictRolloutBuffer)), (
+            f"{rollout_buffer} doesn't support recurrent policy"
+        )
         assert self._last_obs is not None, "No previous observation was provided"
         self.policy.set_training_mode(False)
         n_steps = 0
@@ -377,7 +390,6 @@ class RecurrentPPOExt(ExtUpdateEngine, RecurrentPPO):
             self.policy.reset_noise(env.num_envs)
         callback.on_rollout_start()
         lstm_states = deepcopy(self._last_lstm_states)
-
         while n_steps < n_rollout_steps:
             if self.use_sde and self.sde_sample_freq > 0 and n_steps % self.sde_sample_freq == 0:
                 self.policy.reset_noise(env.num_envs)
@@ -390,13 +402,13 @@ class RecurrentPPOExt(ExtUpdateEngine, RecurrentPPO):
             clipped_actions = self.policy.unscale_action(actions)
             new_obs, rewards, dones, infos = env.step(clipped_actions)
             self.num_timesteps += env.num_envs
-
             callback.update_locals(locals())
             if not callback.on_step():
                 return False
             self._update_info_buffer(infos, dones)
             n_steps += 1
-
+            if isinstance(self.action_space, spaces.Discrete):
+                actions = actions.reshape(-1, 1)
             # Timeout bootstrapping with the value function (SB3 GitHub issue #633)
             for idx, done_ in enumerate(dones):
                 if (
@@ -410,10 +422,9 @@ class RecurrentPPOExt(ExtUpdateEngine, RecurrentPPO):
                             lstm_states.vf[0][:, idx : idx + 1, :].contiguous(),
                             lstm_states.vf[1][:, idx : idx + 1, :].contiguous(),
                         )
-                        starts = th.tensor([False], dtype=th.float32, device=self.device)
-                        terminal_value = self.policy.predict_values(terminal_obs, terminal_lstm_state, starts)[0]
+                        episode_starts = th.tensor([False], dtype=th.float32, device=self.device)
+                        terminal_value = self.policy.predict_values(terminal_obs, terminal_lstm_state, episode_starts)[0]
                     rewards[idx] += self.gamma * terminal_value
-
             rollout_buffer.add(
                 self._last_obs,  # type: ignore[arg-type]
                 actions,
@@ -426,7 +437,6 @@ class RecurrentPPOExt(ExtUpdateEngine, RecurrentPPO):
             self._last_obs = new_obs  # type: ignore[assignment]
             self._last_episode_starts = dones
             self._last_lstm_states = lstm_states
-
         with th.no_grad():
             episode_starts = th.tensor(dones, dtype=th.float32, device=self.device)
             values = self.policy.predict_values(obs_as_tensor(new_obs, self.device), lstm_states.vf, episode_starts)  # type: ignore[arg-type]

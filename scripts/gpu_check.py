@@ -90,14 +90,14 @@ def _to(value: Any, device: th.device) -> Any:
 
 
 def _losses(model: BaseAlgorithm, batch: Minibatch, before: dict, after: dict) -> dict[str, float]:
-    """Loss terms of the policy ``after`` one update, against the rollout policy ``before``."""
-    model.policy.load_state_dict(before)
-    old = model._rollout_distributions()  # type: ignore[attr-defined]
+    """Loss terms of the policy ``after`` one update, against the rollout policy ``before`` (carried by the batch)."""
+    if model.kl_coef > 0:  # type: ignore[attr-defined]
+        batch = batch._replace(old_distributions=model._carried_distributions(batch.samples, batch.valid))  # type: ignore[attr-defined]
     model.policy.load_state_dict(after)
     model.policy.set_training_mode(True)
     clip_range_vf = 0.2 if model.clip_range_vf is not None else None  # type: ignore[attr-defined]
     clip_range = 0.2 if model.clip_range else None  # type: ignore[attr-defined]
-    terms = model.minibatch_losses(batch, old, clip_range, clip_range_vf, model.kl_coef)  # type: ignore[attr-defined]
+    terms = model.minibatch_losses(batch, clip_range, clip_range_vf, model.kl_coef)  # type: ignore[attr-defined]
     return {key: float(value.item()) for key, value in terms.items() if value.dim() == 0}
 
 
@@ -118,7 +118,7 @@ def check(name: str, env_id: str, kwargs: dict[str, Any], device: str, rtol: flo
     callback.on_training_start(locals(), globals())
     assert isinstance(callback, BaseCallback)
     cpu.collect_rollouts(cpu.env, callback, cpu.rollout_buffer, n_rollout_steps=cpu.n_steps)  # type: ignore[arg-type]
-    batch = next(cpu._minibatches())  # type: ignore[attr-defined]  # a real minibatch, its rows (and padding)
+    batch = next(cpu._minibatches())  # type: ignore[attr-defined]  # a real minibatch, pi_old's parameters (and padding)
     rollout = copy.deepcopy(cpu.rollout_buffer)
     before = copy.deepcopy(cpu.policy.state_dict())
     cpu.train()  # one update, so that ratios, KL and clipping are not trivially 1, 0 and 0

@@ -298,18 +298,32 @@ def test_gaussian_variant_keeps_the_shipped_policy_kwargs_but_the_squashed_heads
 
 
 def test_heads_suite_runs_the_three_heads_on_the_same_seeds_and_budgets():
+    """The three heads everywhere; where the shipped entry uses gSDE (Pendulum-v1), the Gaussian heads without it too."""
     specs = benchmark.build_matrix(benchmark.parse_args(["--suite", "heads"]))
-    budgets = {"Pendulum-v1": 100_000, "MountainCarContinuous-v0": 300_000, "LunarLanderContinuous-v3": 300_000}
+    budgets = {"Pendulum-v1": 100_000, "MountainCarContinuous-v0": 20_000, "LunarLanderContinuous-v3": 300_000}
+    heads = {"ppo_ext_gauss", "ppo_ext_clip", "ppo_ext_beta"}
     assert {spec.env for spec in specs} == set(budgets)
     for env, steps in budgets.items():
         runs: dict[str, list] = {}
         for spec in specs:
             if spec.env == env:
                 runs.setdefault(spec.algo, []).append((spec.seed, spec.steps, spec.eval_freq, spec.eval_episodes))
-        assert set(runs) == {"ppo_ext_gauss", "ppo_ext_clip", "ppo_ext_beta"}
+        nosde = {"ppo_ext_gauss_nosde", "ppo_ext_clip_nosde"} if env == "Pendulum-v1" else set()
+        assert set(runs) == heads | nosde
         assert len({tuple(r) for r in runs.values()}) == 1  # the same seeds and budget for every head
         assert sorted(seed for seed, *_ in runs["ppo_ext_beta"]) == list(range(10))
         assert {r[1] for r in runs["ppo_ext_beta"]} == {steps}
+
+
+def test_gaussian_heads_without_gsde_change_only_the_noise_model():
+    from sb3_ppo_ext.hyperparams import load_hyperparams
+
+    assert load_hyperparams("Pendulum-v1")["use_sde"] is True  # why Pendulum-v1 has these rows
+    assert benchmark._zoo_overrides("Pendulum-v1", benchmark.ALGOS["ppo_ext_clip_nosde"][1]) == {"use_sde": False}
+    assert benchmark._zoo_overrides("Pendulum-v1", benchmark.ALGOS["ppo_ext_gauss_nosde"][1]) == {
+        "use_sde": False,
+        "policy_kwargs": {"squash_output": False},
+    }
 
 
 @pytest.mark.parametrize("env_id", ["Pendulum-v1", "MountainCarContinuous-v0", "LunarLanderContinuous-v3", "Hopper-v5"])

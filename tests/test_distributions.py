@@ -13,14 +13,14 @@ from stable_baselines3.common.distributions import (
     MultiCategoricalDistribution,
     StateDependentNoiseDistribution,
 )
-from torch.distributions import AffineTransform, Normal, TanhTransform, TransformedDistribution
+from torch.distributions import AffineTransform, Beta, Normal, TanhTransform, TransformedDistribution
 
 from sb3_ppo_ext.distributions import (
     TanhSquashedDistribution,
     analytic_kl,
     detach_distributions,
-    index_distribution,
-    indexed_analytic_kl,
+    distribution_parameters,
+    distributions_from_parameters,
     log_tanh_jacobian,
     log_tanh_jacobian_sum,
     rescale_tanh,
@@ -220,39 +220,55 @@ def test_squashed_log_prob_is_the_change_of_variables_formula_with_its_gradient(
         assert th.allclose(got, want, atol=1e-10)
 
 
-@pytest.mark.parametrize("kind", ["gaussian", "categorical", "multicategorical"])
-def test_indexed_analytic_kl_matches_kl_of_indexed_distributions(kind):
-    """The minibatch KL (rows of pi_old against pi_new) equals torch's kl_divergence on the indexed rows, with gradients."""
+@pytest.mark.parametrize("kind", ["gaussian", "categorical", "multicategorical", "bernoulli", "beta"])
+def test_carried_parameters_rebuild_pi_old_and_its_kl(kind):
+    """
+    pi_old rebuilt from the parameters a buffer carries (distribution_parameters ->
+    distributions_from_parameters) is the same distribution, and analytic_kl against it equals torch's
+    kl_divergence (a separate computation), gradients of pi_new included.
+    """
     th.manual_seed(2)
-    n, index = 32, th.tensor([5, 0, 31, 7, 7, 12])
+    n = 6
     if kind == "gaussian":
         old = [Normal(th.randn(n, 2), th.rand(n, 2) + 0.1)]
-        params = (th.randn(6, 2, requires_grad=True), th.randn(6, 2, requires_grad=True))
+        params = (th.randn(n, 2, requires_grad=True), th.randn(n, 2, requires_grad=True))
         new = [Normal(params[0], params[1].exp())]
     elif kind == "categorical":
         old = [th.distributions.Categorical(logits=th.randn(n, 4))]
-        params = (th.randn(6, 4, requires_grad=True),)
+        params = (th.randn(n, 4, requires_grad=True),)
         new = [th.distributions.Categorical(logits=params[0])]
-    else:
+    elif kind == "multicategorical":
         old = [th.distributions.Categorical(logits=th.randn(n, k)) for k in (3, 5)]
-        params = (th.randn(6, 3, requires_grad=True), th.randn(6, 5, requires_grad=True))
+        params = (th.randn(n, 3, requires_grad=True), th.randn(n, 5, requires_grad=True))
         new = [th.distributions.Categorical(logits=p) for p in params]
-    ours = indexed_analytic_kl(old, index, new)
-    expected = sum(
-        th.distributions.kl_divergence(
-            type(d)(logits=d.logits[index]) if not isinstance(d, Normal) else Normal(d.loc[index], d.scale[index]), q
-        )
-        .reshape(6, -1)
-        .sum(dim=1)
-        for d, q in zip(old, new, strict=True)
-    )
-    assert ours.shape == (6,)
+    elif kind == "bernoulli":
+        old = [th.distributions.Bernoulli(logits=th.randn(n, 3))]
+        params = (th.randn(n, 3, requires_grad=True),)
+        new = [th.distributions.Bernoulli(logits=params[0])]
+    else:
+        old = [Beta(th.rand(n, 2) + 1.0, th.rand(n, 2) + 1.0)]
+        params = (th.randn(n, 2, requires_grad=True),)
+        new = [Beta(1.0 + params[0].exp(), 1.0 + (-params[0]).exp())]
+    kinds, tensors = distribution_parameters(old)
+    rebuilt = distributions_from_parameters(kinds, [t.clone() for t in tensors])
+    for got, want in zip(rebuilt, old, strict=True):
+        assert type(got) is type(want)
+        for name in (
+            ("probs",)
+            if isinstance(want, (th.distributions.Categorical, th.distributions.Bernoulli))
+            else ("mean", "variance")
+        ):
+            th.testing.assert_close(getattr(got, name), getattr(want, name))
+    ours = analytic_kl(rebuilt, new)
+    expected = sum(th.distributions.kl_divergence(d, q).reshape(n, -1).sum(dim=1) for d, q in zip(old, new, strict=True))
+    assert ours.shape == (n,)
     assert th.allclose(ours, expected, atol=1e-6)
-    assert th.allclose(ours, analytic_kl([index_distribution(d, index) for d in old], new), atol=1e-6)
-    got = th.autograd.grad(ours.sum(), params, retain_graph=True)
-    want = th.autograd.grad(expected.sum(), params)
-    for g, w in zip(got, want, strict=True):
-        assert th.allclose(g, w, atol=1e-6)
+    grads = th.autograd.grad(ours.sum(), params, retain_graph=True)
+    expected_grads = th.autograd.grad(expected.sum(), params)
+    for got, want in zip(grads, expected_grads, strict=True):
+        assert th.allclose(got, want, atol=1e-5)
+    with pytest.raises(ValueError, match="parameter tensors"):
+        distributions_from_parameters(kinds, [*tensors, tensors[0]])
 
 
 def test_rescale_tanh64_is_bit_identical_to_the_clipped_float64_formula():

@@ -84,26 +84,33 @@ def test_recurrent_trains_bit_for_bit_like_recurrent_ppo(env_id, extra):
 
 
 def test_minibatches_are_the_buffers_own():
-    """The engine iterates the buffer's get(): the rows it observes are the batch_inds upstream draws."""
-    model = quiet(MaskablePPOExt("MlpPolicy", MASK_ENVS["discrete"](), **MASK_TINY))
-    seen, states = [], []
+    """
+    The engine iterates the buffer's get(): each minibatch holds the rows upstream draws, and pi_old's
+    parameters ride with them (the logits of the very rows, as the policy computed them while collecting).
+    """
+    model = quiet(MaskablePPOExt("MlpPolicy", MASK_ENVS["discrete"](), kl_coef=0.5, **MASK_TINY))
+    seen, states, rollout = [], [], {}
     original_losses, original_train = model.minibatch_losses, model.train
 
     def spy(batch, *args):
-        seen.append(batch.rows.tolist())
+        seen.append((batch.samples.old_log_prob.clone(), batch.old_distributions[0].logits.clone()))
         return original_losses(batch, *args)
 
     def train():
         states.append(np.random.get_state())
+        buffer = model.rollout_buffer
+        rollout["log_prob"] = th.as_tensor(buffer.swap_and_flatten(buffer.log_probs)).flatten()
+        rollout["logits"] = model._rollout_distributions()[0][0].logits  # the policy before the update
         original_train()
 
     model.minibatch_losses, model.train = spy, train
     model.learn(64)
     np.random.set_state(states[0])  # replay the permutations get() drew, one per epoch
-    expected = [
-        perm[16 * k : 16 * (k + 1)].tolist() for perm in (np.random.permutation(64) for _ in range(3)) for k in range(4)
-    ]
-    assert seen == expected
+    expected = [perm[16 * k : 16 * (k + 1)] for perm in (np.random.permutation(64) for _ in range(3)) for k in range(4)]
+    assert len(seen) == len(expected)
+    for (log_prob, logits), rows in zip(seen, expected, strict=True):
+        assert th.equal(log_prob, rollout["log_prob"][rows])
+        th.testing.assert_close(logits, rollout["logits"][rows])
 
 
 # ---------------------------------------------------------------- MaskablePPOExt: the masked KL
@@ -326,17 +333,16 @@ def test_recurrent_diagnostics_count_only_the_unpadded_steps():
         )
     )
     model.learn(64)
-    old = model._rollout_distributions()
     batches = []
     model.policy.set_training_mode(True)
-    for batch in model._minibatches():
+    for batch in model._minibatches(with_old=True):
         if (~batch.valid).any():
             batches.append(batch)
     assert batches, "no padded minibatch"
     batch = batches[0]
-    assert len(batch.rows) == int(batch.valid.sum())
+    assert batch.old_distributions[0].batch_shape[0] == int(batch.n_valid)
     th.manual_seed(0)  # the squashed head's entropy estimate draws one sample per step
-    clean = model.minibatch_losses(batch, old, 0.2, 0.1, 0.5)
+    clean = model.minibatch_losses(batch, 0.2, 0.1, 0.5)
     pad = ~batch.valid
     samples = batch.samples
     dirty = samples._replace(
@@ -346,7 +352,7 @@ def test_recurrent_diagnostics_count_only_the_unpadded_steps():
         old_values=th.where(pad, th.full_like(samples.old_values, 1e6), samples.old_values),
     )
     th.manual_seed(0)
-    dirty_terms = model.minibatch_losses(Minibatch(dirty, batch.rows, batch.valid), old, 0.2, 0.1, 0.5)
+    dirty_terms = model.minibatch_losses(Minibatch(dirty, batch.valid, batch.old_distributions), 0.2, 0.1, 0.5)
     for key, value in clean.items():
         th.testing.assert_close(dirty_terms[key], value, msg=key)
 
@@ -536,12 +542,26 @@ def _evaluation_inputs(model):
     return samples.observations, actions, samples.lstm_states, samples.episode_starts
 
 
-def test_the_buffer_observers_are_removed_after_early_stops_and_errors():
-    """The engine's observers on the rollout buffer (add, _get_samples) never outlive a collection or an update."""
+def no_instance_patches(model):
+    """
+    No method of the model, its policy or its buffer is replaced on the instance (an instance attribute
+    shadowing a class attribute that is callable), and the collection's forward hook is gone.
+    """
+    for obj in (model, model.policy, model.rollout_buffer):
+        patched = {name for name, value in vars(obj).items() if callable(value) and callable(getattr(type(obj), name, None))}
+        if obj is model:
+            patched -= {"train"}  # the tests' own spies
+        assert not patched, (type(obj).__name__, patched)
+    assert not model.policy._forward_hooks
+    return True
+
+
+def test_no_instance_patches_and_no_hook_outlive_early_stops_and_errors():
+    """Collection records pi_old through a forward hook that never outlives it; nothing is patched on an instance."""
     model = quiet(PPOExt("MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=16, target_kl=1e-9, learning_rate=1e-2))
     model.learn(128)
     assert model.logger.name_to_value["train/epochs_completed"] < 10  # stopped early
-    assert not {"add", "_get_samples"} & set(vars(model.rollout_buffer))
+    assert no_instance_patches(model)
 
     class NanRewardEnv(RecordingBoxEnv):
         def step(self, action):
@@ -552,11 +572,11 @@ def test_the_buffer_observers_are_removed_after_early_stops_and_errors():
     model.train = lambda: (_ for _ in ()).throw(NonFiniteLossError("stop"))  # an update that fails
     with pytest.raises(NonFiniteLossError):
         model.learn(64)
-    assert not {"add", "_get_samples"} & set(vars(model.rollout_buffer))
+    assert no_instance_patches(model)
     model = RecurrentPPOExt("MlpLstmPolicy", NanRewardEnv(), policy_kwargs=LSTM_POLICY, **LSTM_TINY)
     with pytest.raises(NonFiniteLossError):
         model.learn(32)
-    assert not {"add", "_get_samples"} & set(vars(model.rollout_buffer))
+    assert no_instance_patches(model)
 
 
 @pytest.mark.parametrize("n_envs", [1, 3])
@@ -575,9 +595,8 @@ def test_pi_old_recorded_during_collection_equals_a_recomputation(family, n_envs
     original = model.train
 
     def train():
-        recorded = model._collected.distributions(model.rollout_buffer)
-        recomputed = model._rollout_distributions()
-        assert recorded is not None
+        assert model.rollout_buffer.carries_pi_old
+        recomputed, recorded = model._rollout_distributions(with_old=True)
         for got, want in zip(recorded, recomputed, strict=True):
             params = ("loc", "scale") if isinstance(want, Normal) else ("logits",)
             for name in params:

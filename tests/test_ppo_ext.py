@@ -276,13 +276,13 @@ def test_entropy_logged_without_grad_changes_neither_loss_nor_gradient(monkeypat
     next(model.rollout_buffer.get(batch_size=None))  # flattens the buffer
     index = th.arange(0, 64, 3)
     rollout = model.rollout_buffer._get_samples(index.numpy())
-    batch = Minibatch(rollout, index, None)
+    batch = Minibatch(rollout, None)
     model.policy.set_training_mode(True)
 
     def losses_and_grads():
         model.policy.optimizer.zero_grad()
         th.manual_seed(7)
-        terms = model.minibatch_losses(batch, None, 0.2, None, 0.0)
+        terms = model.minibatch_losses(batch, 0.2, None, 0.0)
         terms["loss"].backward()
         grads = [p.grad.clone() for p in model.policy.parameters()]
         return terms, grads, th.get_rng_state()

@@ -1,0 +1,351 @@
+"""Rollout buffers that carry ``pi_old``: the distribution each step's action was sampled from.
+
+The KL penalty and the update's KL diagnostics compare the policy with ``pi_old``, the policy that
+collected the rollout. These buffers store its distribution parameters (a Gaussian's ``loc`` and
+``scale``, a Beta's concentrations, categorical or Bernoulli logits) beside each step's
+``log_prob`` and return them with every minibatch, as sb3-contrib's masked buffers return each
+sample's ``action_masks``: ``samples.old_distribution`` holds the parameters of the minibatch's rows
+(padded like every other field in a recurrent minibatch), :attr:`PiOldBuffer.distribution_kinds`
+says how to rebuild them (:func:`sb3_ppo_ext.distributions.distributions_from_parameters`).
+
+They are chosen through SB3's public seam, ``rollout_buffer_class`` (RecurrentPPO hard-codes its
+buffer: RecurrentPPOExt replaces it after upstream's ``_setup_model``), and behave exactly like the
+class they extend otherwise: the same minibatches in the same order from the same random draws,
+field for field.
+
+How a step's parameters arrive: while :meth:`PiOldBuffer.recording` is open (the algorithm's
+``collect_rollouts``), a forward hook of the policy (a public ``torch.nn.Module`` seam) offers the
+distribution of each ``policy(obs)`` call; :meth:`PiOldBuffer.add` files it under the step it adds
+when the ``log_prob`` it stores is the very tensor that forward returned. A forward call of anyone
+else in between (a callback's) is never mistaken for the rollout's; a step added without its
+distribution (a policy without SB3's ``action_dist``, a rollout collected otherwise) leaves the
+rollout incomplete (:attr:`PiOldBuffer.carries_pi_old` is false) and the update recomputes
+``pi_old`` instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch as th
+from sb3_contrib.common.maskable.buffers import (
+    MaskableDictRolloutBuffer,
+    MaskableDictRolloutBufferSamples,
+    MaskableRolloutBuffer,
+    MaskableRolloutBufferSamples,
+)
+from sb3_contrib.common.recurrent.buffers import RecurrentDictRolloutBuffer, RecurrentRolloutBuffer
+from sb3_contrib.common.recurrent.type_aliases import RecurrentDictRolloutBufferSamples, RecurrentRolloutBufferSamples
+from stable_baselines3.common.buffers import DictRolloutBuffer, RolloutBuffer
+from stable_baselines3.common.type_aliases import DictRolloutBufferSamples, RolloutBufferSamples
+from stable_baselines3.common.vec_env import VecNormalize
+
+from sb3_ppo_ext.distributions import distribution_parameters, torch_distributions
+
+
+def _with_old_distribution(samples_class: type) -> type:
+    """A ``NamedTuple`` class with the fields of ``samples_class`` and ``old_distribution`` last."""
+    fields = [(name, Any) for name in samples_class._fields]  # type: ignore[attr-defined]
+    return NamedTuple(f"PiOld{samples_class.__name__}", [*fields, ("old_distribution", Any)])  # type: ignore[misc]
+
+
+# The samples of each buffer below: upstream's fields, then ``old_distribution`` (a tuple of parameter
+# tensors, or ``None`` when the rollout does not carry pi_old).
+PiOldRolloutBufferSamples = _with_old_distribution(RolloutBufferSamples)
+PiOldDictRolloutBufferSamples = _with_old_distribution(DictRolloutBufferSamples)
+PiOldMaskableRolloutBufferSamples = _with_old_distribution(MaskableRolloutBufferSamples)
+PiOldMaskableDictRolloutBufferSamples = _with_old_distribution(MaskableDictRolloutBufferSamples)
+PiOldRecurrentRolloutBufferSamples = _with_old_distribution(RecurrentRolloutBufferSamples)
+PiOldRecurrentDictRolloutBufferSamples = _with_old_distribution(RecurrentDictRolloutBufferSamples)
+
+
+class PiOldBuffer:
+    """
+    What the buffers of this module add to their upstream class (placed first in their bases).
+
+    The parameters are numpy arrays of shape ``(buffer_size, n_envs, *parameter_shape)`` in the
+    parameters' own dtype, flattened with the rest of the rollout by the first ``get``.
+    """
+
+    # Attributes of the upstream buffer, declared for type checkers.
+    buffer_size: int
+    n_envs: int
+    pos: int
+    full: bool
+    generator_ready: bool
+    device: th.device
+
+    samples_class: type = PiOldRolloutBufferSamples
+
+    def reset(self) -> None:
+        super().reset()  # type: ignore[misc]
+        self.distribution_kinds: tuple[str, ...] | None = None
+        self.old_distribution: list[np.ndarray] = []
+        self._filed = np.zeros(self.buffer_size, dtype=bool)
+        self._offered: tuple[th.Tensor, tuple[th.Tensor, ...]] | None = None
+        self._complete = True
+        self._tensors: dict[str, Any] | None = None
+
+    @contextlib.contextmanager
+    def recording(self, policy: th.nn.Module) -> Iterator[None]:
+        """
+        Record the distribution of every step added while the context is open from ``policy``'s
+        forward calls (a forward hook, removed on exit).
+
+        :param policy: the policy that collects the rollout (SB3's ``action_dist`` holds the
+            distribution of its last forward call)
+        """
+
+        def offer(module: th.nn.Module, args: Any, output: Any) -> None:
+            self._offered = None
+            try:
+                dists = torch_distributions(module.action_dist)  # type: ignore[arg-type]
+                kinds, tensors = distribution_parameters(dists)
+            except (AttributeError, NotImplementedError):
+                return
+            if isinstance(output, tuple) and len(output) >= 3 and isinstance(output[2], th.Tensor):
+                self._offered = (output[2], tensors if not th.is_grad_enabled() else tuple(t.detach() for t in tensors))
+                if self.distribution_kinds is None:
+                    self.distribution_kinds = kinds
+                elif kinds != self.distribution_kinds:
+                    self._complete = False
+
+        handle = policy.register_forward_hook(offer)
+        try:
+            yield
+        finally:
+            handle.remove()
+            self._offered = None
+
+    def add(
+        self, obs: Any, action: Any, reward: Any, episode_start: Any, value: th.Tensor, log_prob: th.Tensor, **kwargs: Any
+    ) -> None:
+        """Upstream's ``add``; with the distribution of the forward call that returned ``log_prob`` filed under this step."""
+        pos, offered = self.pos, self._offered
+        self._offered = None
+        super().add(obs, action, reward, episode_start, value, log_prob, **kwargs)  # type: ignore[misc]
+        if offered is None or offered[0] is not log_prob:
+            self._complete = False
+            return
+        tensors = offered[1]
+        if not self.old_distribution:
+            self.old_distribution = [
+                np.zeros((self.buffer_size, self.n_envs, *t.shape[1:]), dtype=_numpy_dtype(t)) for t in tensors
+            ]
+        if len(tensors) != len(self.old_distribution) or any(
+            t.shape != (self.n_envs, *a.shape[2:]) for t, a in zip(tensors, self.old_distribution, strict=False)
+        ):
+            self._complete = False
+            return
+        for array, tensor in zip(self.old_distribution, tensors, strict=False):
+            array[pos] = tensor.cpu().numpy()
+        self._filed[pos] = True
+
+    @property
+    def carries_pi_old(self) -> bool:
+        """Whether every step of the (full) rollout was added with the distribution it was sampled from."""
+        return bool(self.full and self._complete and self.distribution_kinds is not None and self._filed.all())
+
+    def get(self, batch_size: int | None = None) -> Iterator[Any]:
+        """Upstream's ``get``, with the stored distribution parameters flattened like the rest of the rollout."""
+        if not self.generator_ready:
+            self.old_distribution = [self.swap_and_flatten(array) for array in self.old_distribution]  # type: ignore[attr-defined]
+        yield from super().get(batch_size)  # type: ignore[misc]
+
+    def _old_distribution_of(self, batch_inds: np.ndarray) -> tuple[th.Tensor, ...] | None:
+        if not self.carries_pi_old:
+            return None
+        return tuple(self.to_torch(array[batch_inds]) for array in self.old_distribution)  # type: ignore[attr-defined]
+
+    def _tensor_fields(self) -> dict[str, Any] | None:
+        """
+        The flattened rollout as upstream's ``_get_samples`` converts it, one array per samples field
+        (``observations`` a dict of arrays for Dict spaces), the row-wise conversions applied to the whole
+        array: what :meth:`_get_samples` indexes. ``None``: upstream's ``_get_samples`` (recurrent buffers).
+        """
+        return None
+
+    def _get_samples(self, batch_inds: np.ndarray, env: VecNormalize | None = None) -> Any:
+        """
+        Upstream's samples of the rows ``batch_inds``, with ``old_distribution``. The flattened rollout is
+        converted to tensors once per rollout (on the buffer's device) and every minibatch indexed from
+        them, instead of converting each minibatch's rows: the same tensors, field for field (a test
+        compares them with the installed upstream's).
+        """
+        if env is not None or not self.generator_ready:
+            samples = super()._get_samples(batch_inds, env)  # type: ignore[misc]
+            return self.samples_class(*samples, self._old_distribution_of(batch_inds))
+        if self._tensors is None:
+            fields = self._tensor_fields()
+            assert fields is not None
+            if self.carries_pi_old:
+                fields["old_distribution"] = tuple(self.old_distribution)
+            self._tensors = {name: _to_torch(self, value) for name, value in fields.items()}
+        rows = th.as_tensor(batch_inds, device=self.device)
+        picked = {name: _index(value, rows) for name, value in self._tensors.items()}
+        picked.setdefault("old_distribution", None)
+        return self.samples_class(**picked)
+
+    def prepare_rollout(self) -> None:
+        """
+        Flatten the rollout as the first ``get`` does (upstream's ``get`` flattens on its first
+        step), leaving numpy's global random state as it was: the update's minibatches are drawn as before.
+        """
+        if self.generator_ready:
+            return
+        state = np.random.get_state()
+        try:
+            generator = self.get(1)
+            next(generator)
+            generator.close()
+        finally:
+            np.random.set_state(state)
+
+    def rollout_samples(self, chunk: int) -> Iterator[Any]:
+        """
+        The whole rollout as samples of up to ``chunk`` rows, in the flattened (environment-major)
+        row order, without random draws: what the update scores ``pi_new`` on after it.
+        """
+        self.prepare_rollout()
+        n_rows = self.buffer_size * self.n_envs
+        for start in range(0, n_rows, chunk):
+            yield self._get_samples(np.arange(start, min(start + chunk, n_rows)))
+
+
+def _to_torch(buffer: Any, value: Any) -> Any:
+    """``buffer.to_torch`` of an array, or of each array of a dict or a tuple."""
+    if isinstance(value, dict):
+        return {key: buffer.to_torch(array) for key, array in value.items()}
+    if isinstance(value, tuple):
+        return tuple(buffer.to_torch(array) for array in value)
+    return buffer.to_torch(value)
+
+
+def _index(value: Any, rows: th.Tensor) -> Any:
+    """Rows of a tensor, or of each tensor of a dict or a tuple."""
+    if isinstance(value, dict):
+        return {key: tensor[rows] for key, tensor in value.items()}
+    if isinstance(value, tuple):
+        return tuple(tensor[rows] for tensor in value)
+    return value[rows]
+
+
+def _rollout_fields(buffer: Any, actions: np.ndarray) -> dict[str, Any]:
+    """The fields every rollout buffer's samples share, from the flattened rollout (as upstream's ``_get_samples``)."""
+    observations = buffer.observations
+    return {
+        "observations": dict(observations) if isinstance(observations, dict) else observations,
+        "actions": actions,
+        "old_values": buffer.values.flatten(),
+        "old_log_prob": buffer.log_probs.flatten(),
+        "advantages": buffer.advantages.flatten(),
+        "returns": buffer.returns.flatten(),
+    }
+
+
+def _numpy_dtype(tensor: th.Tensor) -> np.dtype:
+    return th.empty((), dtype=tensor.dtype).numpy().dtype
+
+
+class _SB3Fields:
+    """SB3's rollout buffers cast the actions to float32 (MultiBinary's int8 included)."""
+
+    def _tensor_fields(self) -> dict[str, Any]:
+        return _rollout_fields(self, self.actions.astype(np.float32, copy=False))  # type: ignore[attr-defined]
+
+
+class _MaskableFields:
+    """sb3-contrib's masked buffers keep the actions' dtype and add the masks."""
+
+    def _tensor_fields(self) -> dict[str, Any]:
+        fields = _rollout_fields(self, self.actions)  # type: ignore[attr-defined]
+        fields["action_masks"] = self.action_masks.reshape(-1, self.mask_dims)  # type: ignore[attr-defined]
+        return fields
+
+
+class PiOldRolloutBuffer(_SB3Fields, PiOldBuffer, RolloutBuffer):
+    """SB3's ``RolloutBuffer`` carrying ``pi_old`` (see :class:`PiOldBuffer`)."""
+
+    samples_class = PiOldRolloutBufferSamples
+
+
+class PiOldDictRolloutBuffer(_SB3Fields, PiOldBuffer, DictRolloutBuffer):
+    """SB3's ``DictRolloutBuffer`` carrying ``pi_old`` (see :class:`PiOldBuffer`)."""
+
+    samples_class = PiOldDictRolloutBufferSamples
+
+
+class PiOldMaskableRolloutBuffer(_MaskableFields, PiOldBuffer, MaskableRolloutBuffer):
+    """sb3-contrib's ``MaskableRolloutBuffer`` carrying ``pi_old`` (see :class:`PiOldBuffer`)."""
+
+    samples_class = PiOldMaskableRolloutBufferSamples
+
+
+class PiOldMaskableDictRolloutBuffer(_MaskableFields, PiOldBuffer, MaskableDictRolloutBuffer):
+    """sb3-contrib's ``MaskableDictRolloutBuffer`` carrying ``pi_old`` (see :class:`PiOldBuffer`)."""
+
+    samples_class = PiOldMaskableDictRolloutBufferSamples
+
+
+class _RecurrentPiOld(PiOldBuffer):
+    """The recurrent buffers' samples are padded sequences: ``pi_old``'s parameters are padded likewise."""
+
+    def _get_samples(self, batch_inds: np.ndarray, env_change: np.ndarray, env: VecNormalize | None = None) -> Any:  # type: ignore[override]
+        samples = super(PiOldBuffer, self)._get_samples(batch_inds, env_change, env)  # type: ignore[misc]
+        old = None
+        if self.carries_pi_old:
+            # ``pad`` is the padding of this minibatch's sequences, set by upstream's ``_get_samples``.
+            n_padded = len(samples.mask)
+            old = tuple(
+                self.pad(array[batch_inds]).reshape((n_padded, *array.shape[1:]))  # type: ignore[attr-defined]
+                for array in self.old_distribution
+            )
+        return self.samples_class(*samples, old)
+
+    def rollout_samples(self, chunk: int) -> Iterator[Any]:
+        """
+        The whole rollout as one sample of padded sequences (each environment's steps from the LSTM
+        state stored at its first step, cut at episode starts), in row order, without random draws:
+        an LSTM pass cannot be cut into chunks of rows. ``chunk`` is not used.
+        """
+        self.prepare_rollout()
+        env_change = np.zeros((self.buffer_size, self.n_envs))
+        env_change[0, :] = 1.0  # a new sequence where each environment's steps begin, as upstream's ``get``
+        yield self._get_samples(np.arange(self.buffer_size * self.n_envs), self.swap_and_flatten(env_change))  # type: ignore[attr-defined]
+
+
+class PiOldRecurrentRolloutBuffer(_RecurrentPiOld, RecurrentRolloutBuffer):
+    """sb3-contrib's ``RecurrentRolloutBuffer`` carrying ``pi_old`` (see :class:`PiOldBuffer`)."""
+
+    samples_class = PiOldRecurrentRolloutBufferSamples
+
+
+class PiOldRecurrentDictRolloutBuffer(_RecurrentPiOld, RecurrentDictRolloutBuffer):
+    """sb3-contrib's ``RecurrentDictRolloutBuffer`` carrying ``pi_old`` (see :class:`PiOldBuffer`)."""
+
+    samples_class = PiOldRecurrentDictRolloutBufferSamples
+
+
+# Upstream's buffer classes -> the subclass carrying pi_old that replaces each (the same rollout otherwise).
+PI_OLD_BUFFERS: dict[type, type] = {
+    RolloutBuffer: PiOldRolloutBuffer,
+    DictRolloutBuffer: PiOldDictRolloutBuffer,
+    MaskableRolloutBuffer: PiOldMaskableRolloutBuffer,
+    MaskableDictRolloutBuffer: PiOldMaskableDictRolloutBuffer,
+    RecurrentRolloutBuffer: PiOldRecurrentRolloutBuffer,
+    RecurrentDictRolloutBuffer: PiOldRecurrentDictRolloutBuffer,
+}
+
+__all__ = [
+    "PI_OLD_BUFFERS",
+    "PiOldBuffer",
+    "PiOldDictRolloutBuffer",
+    "PiOldMaskableDictRolloutBuffer",
+    "PiOldMaskableRolloutBuffer",
+    "PiOldRecurrentDictRolloutBuffer",
+    "PiOldRecurrentRolloutBuffer",
+    "PiOldRolloutBuffer",
+]
