@@ -101,17 +101,17 @@ class PiOldBuffer:
 
         def offer(module: th.nn.Module, args: Any, output: Any) -> None:
             self._offered = None
+            if not (isinstance(output, tuple) and len(output) >= 3 and isinstance(output[2], th.Tensor)):
+                return
             try:
-                dists = torch_distributions(module.action_dist)  # type: ignore[arg-type]
-                kinds, tensors = distribution_parameters(dists)
+                kinds, tensors = distribution_parameters(torch_distributions(module.action_dist))  # type: ignore[arg-type]
             except (AttributeError, NotImplementedError):
                 return
-            if isinstance(output, tuple) and len(output) >= 3 and isinstance(output[2], th.Tensor):
-                self._offered = (output[2], tensors if not th.is_grad_enabled() else tuple(t.detach() for t in tensors))
-                if self.distribution_kinds is None:
-                    self.distribution_kinds = kinds
-                elif kinds != self.distribution_kinds:
-                    self._complete = False
+            self._offered = (output[2], tensors if not th.is_grad_enabled() else tuple(t.detach() for t in tensors))
+            if self.distribution_kinds is None:
+                self.distribution_kinds = kinds
+            elif kinds != self.distribution_kinds:
+                self._complete = False
 
         handle = policy.register_forward_hook(offer)
         try:
@@ -136,11 +136,11 @@ class PiOldBuffer:
                 np.zeros((self.buffer_size, self.n_envs, *t.shape[1:]), dtype=_numpy_dtype(t)) for t in tensors
             ]
         if len(tensors) != len(self.old_distribution) or any(
-            t.shape != (self.n_envs, *a.shape[2:]) for t, a in zip(tensors, self.old_distribution, strict=False)
+            t.shape != (self.n_envs, *a.shape[2:]) for t, a in zip(tensors, self.old_distribution, strict=True)
         ):
             self._complete = False
             return
-        for array, tensor in zip(self.old_distribution, tensors, strict=False):
+        for array, tensor in zip(self.old_distribution, tensors, strict=True):
             array[pos] = tensor.cpu().numpy()
         self._filed[pos] = True
 

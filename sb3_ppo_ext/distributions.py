@@ -14,9 +14,7 @@ finite, and ``log x = -softplus(-u)``, ``log(1 - x) = -softplus(u)`` are exact f
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 
 import numpy as np
 import torch as th
@@ -240,22 +238,25 @@ class BetaDistribution(Distribution):
         return actions, self.log_prob(actions)
 
 
-@contextlib.contextmanager
-def unchecked_distributions() -> Iterator[None]:
+class unchecked_distributions:
     """
     Torch distributions created while the context is open skip argument validation, for their whole
     life (``log_prob`` included): the same values, without the checks' tensor operations and host syncs.
 
     The update runs inside it: its inputs are the rollout's, and a non-finite loss or gradient is
     caught before it reaches the parameters. The switch is torch's process-wide default
-    (``Distribution.set_default_validate_args``), restored on exit.
+    (``Distribution.set_default_validate_args``), restored on exit. A class rather than a
+    ``contextlib`` generator: it is entered on every rollout step.
     """
-    previous = th.distributions.Distribution._validate_args
-    th.distributions.Distribution.set_default_validate_args(False)
-    try:
-        yield
-    finally:
-        th.distributions.Distribution.set_default_validate_args(previous)
+
+    __slots__ = ("_previous",)
+
+    def __enter__(self) -> None:
+        self._previous = th.distributions.Distribution._validate_args  # torch has no public getter
+        th.distributions.Distribution.set_default_validate_args(False)
+
+    def __exit__(self, *exc_info: object) -> None:
+        th.distributions.Distribution.set_default_validate_args(self._previous)
 
 
 def torch_distributions(dist: Distribution) -> list[th.distributions.Distribution]:
@@ -373,8 +374,11 @@ def distribution_parameters(dists: list[th.distributions.Distribution]) -> tuple
     :param dists: as :func:`torch_distributions` returns them
     :return: ``(kinds, tensors)``
     """
+    if len(dists) == 1:  # the common case, on every rollout step: without the generic loops
+        kind = distribution_kind(dists[0])
+        return (kind,), tuple(getattr(dists[0], name) for name in PARAMETER_NAMES[kind])
     kinds = tuple(distribution_kind(dist) for dist in dists)
-    tensors = tuple(getattr(dist, name) for dist, kind in zip(dists, kinds, strict=False) for name in PARAMETER_NAMES[kind])
+    tensors = tuple(getattr(dist, name) for dist, kind in zip(dists, kinds, strict=True) for name in PARAMETER_NAMES[kind])
     return kinds, tensors
 
 

@@ -28,19 +28,16 @@ from __future__ import annotations
 
 import copy
 import inspect
-import io
 import math
-import os
-import pathlib
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import BaseBuffer
-from stable_baselines3.common.type_aliases import GymEnv, PyTorchObs
+from stable_baselines3.common.type_aliases import PyTorchObs
 from stable_baselines3.common.utils import explained_variance
 
 from sb3_ppo_ext import losses, validation
@@ -54,7 +51,8 @@ from sb3_ppo_ext.distributions import (
     torch_distributions,
     unchecked_distributions,
 )
-from sb3_ppo_ext.reliability import ModelFileError, atomic_path, check_model_file, zip_path
+from sb3_ppo_ext.files import LOADING, Loading
+from sb3_ppo_ext.reliability import ModelFileError
 
 # Threshold on |a| (in [-1, 1] units) above which a squashed action component counts as saturated.
 SATURATION_THRESHOLD = 0.99
@@ -89,22 +87,6 @@ class Minibatch(NamedTuple):
     def n_valid(self) -> int | th.Tensor:
         """The number of valid samples (a tensor when counted from ``valid``: no host sync)."""
         return len(self.samples.advantages) if self.valid is None else self.valid.sum()
-
-
-# The attribute through which ``load`` hands its keyword arguments to ``_setup_model`` (SB3's ``load`` sets
-# its keyword arguments as attributes right before ``_setup_model``); removed there.
-_LOADING = "_sb3_ppo_ext_loading"
-
-
-class _Loading(NamedTuple):
-    """A ``load`` in progress, as ``_setup_model`` sees it."""
-
-    algorithm: str
-    """the loading class's name"""
-    label: str
-    """the model file, for messages"""
-    overrides: dict[str, Any]
-    """``load``'s keyword arguments (set over the saved attributes, as SB3 does)"""
 
 
 class _UpdateStats:
@@ -198,9 +180,6 @@ class ExtUpdateEngine:
     The host class provides SB3's on-policy attributes (``policy``, ``rollout_buffer``,
     ``clip_range``, ...) and the extension attributes set by :meth:`_init_extensions`.
     """
-
-    # Model-file families (see :func:`sb3_ppo_ext.reliability.check_model_file`) this class loads.
-    _model_families: ClassVar[frozenset[str]] = frozenset({"PPO"})
 
     # Attributes of the host algorithm, declared for type checkers.
     policy: Any
@@ -467,7 +446,7 @@ class ExtUpdateEngine:
         # Checked again here because ``load(path, **kwargs)`` sets the saved attributes and its
         # keyword arguments without __init__: the same checks as the constructor's (see
         # ``_settings_error``), and the beta rule (``_live_kl_coef``) on the saved live beta.
-        loading: _Loading | None = self.__dict__.pop(_LOADING, None)
+        loading: Loading | None = self.__dict__.pop(LOADING, None)
         previous = self._kl_state()
         if loading is None:
             error = self._settings_error(previous)
@@ -905,68 +884,6 @@ class ExtUpdateEngine:
             record("train/clip_range", clip_range)
         if clip_range_vf is not None:
             record("train/clip_range_vf", clip_range_vf)
-
-    # ---- files ----------------------------------------------------------------------------------
-
-    def save(
-        self,
-        path: str | pathlib.Path | io.BufferedIOBase,
-        exclude: Iterable[str] | None = None,
-        include: Iterable[str] | None = None,
-    ) -> None:
-        """
-        SB3's ``save``, atomic for a path: the zip is written to a temporary file in the same folder
-        and renamed over ``path`` once complete, so an interrupted save leaves the previous file intact.
-
-        :param path: file (``.zip`` appended when the name has no suffix, as in SB3) or binary file object
-        :param exclude: names of parameters to exclude in addition to the default ones
-        :param include: names of parameters to include even if excluded by default
-        """
-        if not isinstance(path, (str, os.PathLike)):
-            super().save(path, exclude=exclude, include=include)  # type: ignore[misc]
-            return
-        with atomic_path(zip_path(path)) as file:
-            super().save(file, exclude=exclude, include=include)  # type: ignore[misc]
-
-    @classmethod
-    def load(  # type: ignore[override]
-        cls,
-        path: str | pathlib.Path | io.BufferedIOBase,
-        env: GymEnv | None = None,
-        device: th.device | str = "auto",
-        custom_objects: dict[str, Any] | None = None,
-        print_system_info: bool = False,
-        force_reset: bool = True,
-        **kwargs: Any,
-    ) -> Any:
-        """
-        SB3's ``load``, with a :class:`sb3_ppo_ext.reliability.ModelFileError` naming the file and the
-        problem for a missing, truncated, corrupt or foreign file (checked before anything is unpickled)
-        and for an ``env`` whose spaces differ from the saved ones. Files saved by the upstream
-        algorithm load (upstream policy, the extras at their defaults, i.e. upstream's objective).
-        The file's pickled objects are trusted: load only files you trust.
-        """
-        path = check_model_file(path, cls.__name__, cls._model_families)  # paths and file objects alike
-        label = str(path) if isinstance(path, (str, os.PathLike)) else str(getattr(path, "name", None) or type(path).__name__)
-        # SB3 sets the keyword arguments over the saved attributes right before ``_setup_model``;
-        # ``_setup_model`` sets them itself, so that it knows which values are the file's.
-        # ``policy_kwargs`` also goes to SB3, which compares it with the saved one.
-        passed = {key: kwargs[key] for key in ("policy_kwargs",) if key in kwargs}
-        try:
-            return super().load(  # type: ignore[misc]
-                path,
-                env=env,
-                device=device,
-                custom_objects=custom_objects,
-                print_system_info=print_system_info,
-                force_reset=force_reset,
-                **passed,
-                **{_LOADING: _Loading(cls.__name__, label, dict(kwargs))},
-            )
-        except ValueError as error:
-            if not str(error).startswith(("Observation spaces do not match", "Action spaces do not match")):
-                raise
-            raise ModelFileError(f"{cls.__name__}.load: {path} does not fit the given env: {error}") from error
 
 
 def _engine_classes() -> Iterator[type]:

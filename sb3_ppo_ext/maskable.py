@@ -21,6 +21,7 @@ from stable_baselines3.common.vec_env import VecEnv
 from sb3_ppo_ext.buffers import PiOldMaskableDictRolloutBuffer, PiOldMaskableRolloutBuffer
 from sb3_ppo_ext.engine import ExtUpdateEngine, checked_arguments, flat_observations, flat_rollout, index_observations
 from sb3_ppo_ext.envs import masks_of, without_masks
+from sb3_ppo_ext.files import ModelFiles
 from sb3_ppo_ext.policies import CheckedForward, NetworkLearningRates, with_foreach_adam
 
 SelfMaskablePPOExt = TypeVar("SelfMaskablePPOExt", bound="MaskablePPOExt")
@@ -205,7 +206,7 @@ class MaskablePPOExtMultiInputPolicy(MaskablePPOExtPolicy):
         super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
 
 
-class MaskablePPOExt(ExtUpdateEngine, MaskablePPO):
+class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):
     """
     sb3-contrib's ``MaskablePPO`` (invalid-action masking; Discrete, MultiDiscrete and MultiBinary
     actions) with PPOExt's extensions: the KL penalty of PPO1 (analytic KL between the *masked*

@@ -16,12 +16,13 @@ from stable_baselines3.common.type_aliases import (
 
 from sb3_ppo_ext.buffers import PiOldDictRolloutBuffer, PiOldRolloutBuffer
 from sb3_ppo_ext.engine import ExtUpdateEngine, NonFiniteLossError, checked_arguments
+from sb3_ppo_ext.files import ModelFiles
 from sb3_ppo_ext.policies import CnnPolicy, MlpPolicy, MultiInputPolicy
 
 SelfPPOExt = TypeVar("SelfPPOExt", bound="PPOExt")
 
 
-class PPOExt(ExtUpdateEngine, PPO):
+class PPOExt(ModelFiles, ExtUpdateEngine, PPO):
     """
     Proximal Policy Optimization with the extensions SB3's PPO lacks; a drop-in for ``PPO``.
 

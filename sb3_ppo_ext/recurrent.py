@@ -24,6 +24,7 @@ from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppo_ext.buffers import PI_OLD_BUFFERS
 from sb3_ppo_ext.engine import ExtUpdateEngine, checked_arguments
+from sb3_ppo_ext.files import ModelFiles
 from sb3_ppo_ext.policies import PPOExtActorCriticPolicy
 
 SelfRecurrentPPOExt = TypeVar("SelfRecurrentPPOExt", bound="RecurrentPPOExt")
@@ -175,7 +176,7 @@ class RecurrentPPOExtMultiInputPolicy(RecurrentPPOExtPolicy):
         super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
 
 
-class RecurrentPPOExt(ExtUpdateEngine, RecurrentPPO):
+class RecurrentPPOExt(ModelFiles, ExtUpdateEngine, RecurrentPPO):
     """
     sb3-contrib's ``RecurrentPPO`` (LSTM policies) with PPOExt's extensions: the exact squashed
     Gaussian head on by default for ``Box`` actions (the pre-squash sample is stored, so the ratio is

@@ -26,6 +26,11 @@ least disturbed one. Read the ratios, not the absolute figures.
         --n-epochs 10 --steps 4096 --repeats 15       # rl-zoo3's small-rollout MountainCarContinuous settings
     python scripts/throughput.py --family maskable --steps 8192 --repeats 15
     python scripts/throughput.py --family recurrent --n-steps 128 --batch-size 128 --steps 4096 --repeats 9
+    python scripts/throughput.py --workload hopper --steps 4096 --repeats 9   # rl-zoo3's Hopper settings
+
+``--workload NAME`` takes the env, ``n_envs``, ``normalize`` and every hyperparameter of rl-zoo3's own
+entry for it (:data:`WORKLOADS`, copied from rl-zoo3's ``ppo.yml`` / ``ppo_lstm.yml``; ``--steps`` and
+``--repeats`` still apply), and the family it belongs to.
 """
 
 from __future__ import annotations
@@ -42,6 +47,9 @@ from sb3_contrib import MaskablePPO, RecurrentPPO
 from sb3_contrib.common.envs import InvalidActionEnvDiscrete
 from stable_baselines3 import PPO
 from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.utils import LinearSchedule
+from stable_baselines3.common.vec_env import VecNormalize
+from torch import nn
 
 from sb3_ppo_ext import MaskablePPOExt, PPOExt, RecurrentPPOExt
 
@@ -79,19 +87,116 @@ FAMILIES: dict[str, tuple[dict[str, tuple[type, dict]], str, str]] = {
 }
 
 
-def make_env(env_id: str, n_envs: int, seed: int):
-    """A DummyVecEnv of ``env_id``; ``InvalidActionEnvDiscrete`` is sb3-contrib's masked test env (dim 100, 50 invalid)."""
+_ZOO_MUJOCO = dict(log_std_init=-2, ortho_init=False, activation_fn=nn.ReLU, net_arch=dict(pi=[256, 256], vf=[256, 256]))
+# name -> (family, env id, n_envs, normalize, hyperparameters): rl-zoo3's own entries (ppo.yml: the v4 entries of
+# Hopper and HalfCheetah, run on v5; ppo_lstm.yml: PendulumNoVel-v1), the workloads of the speed bars (issue 22).
+WORKLOADS: dict[str, tuple[str, str, int, bool, dict]] = {
+    "hopper": (
+        "ppo",
+        "Hopper-v5",
+        1,
+        True,
+        dict(
+            n_steps=512, batch_size=32, gamma=0.999, learning_rate=9.80828e-05, ent_coef=0.00229519, clip_range=0.2,
+            n_epochs=5, gae_lambda=0.99, max_grad_norm=0.7, vf_coef=0.835671, policy_kwargs=_ZOO_MUJOCO,
+        ),
+    ),
+    "halfcheetah": (
+        "ppo",
+        "HalfCheetah-v5",
+        1,
+        True,
+        dict(
+            n_steps=512, batch_size=64, gamma=0.98, learning_rate=2.0633e-05, ent_coef=0.000401762, clip_range=0.1,
+            n_epochs=20, gae_lambda=0.92, max_grad_norm=0.8, vf_coef=0.58096, policy_kwargs=_ZOO_MUJOCO,
+        ),
+    ),
+    "pendulum": (
+        "ppo",
+        "Pendulum-v1",
+        4,
+        False,
+        dict(
+            n_steps=1024, gae_lambda=0.95, gamma=0.9, n_epochs=10, ent_coef=0.0, learning_rate=1e-3, clip_range=0.2,
+            use_sde=True, sde_sample_freq=4,
+        ),
+    ),
+    "cartpole": (
+        "ppo",
+        "CartPole-v1",
+        8,
+        False,
+        dict(
+            n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=0.0,
+            learning_rate=LinearSchedule(0.001, 0.0, 1.0), clip_range=LinearSchedule(0.2, 0.0, 1.0),
+        ),
+    ),
+    "lunarlander": (
+        "ppo",
+        "LunarLanderContinuous-v3",
+        16,
+        False,
+        dict(n_steps=1024, batch_size=64, gae_lambda=0.98, gamma=0.999, n_epochs=4, ent_coef=0.01),
+    ),
+    "mountaincar": (
+        "ppo",
+        "MountainCarContinuous-v0",
+        1,
+        True,
+        dict(
+            batch_size=256, n_steps=8, gamma=0.9999, learning_rate=7.77e-05, ent_coef=0.00429, clip_range=0.1,
+            n_epochs=10, gae_lambda=0.9, max_grad_norm=5, vf_coef=0.19, use_sde=True,
+            policy_kwargs=dict(log_std_init=-3.29, ortho_init=False),
+        ),
+    ),
+    "masked": ("maskable", "InvalidActionEnvDiscrete", 4, False, dict(HYPERPARAMS)),
+    "recurrent": (
+        "recurrent",
+        "PendulumNoVel-v1",
+        4,
+        True,
+        dict(
+            n_steps=1024, gae_lambda=0.95, gamma=0.9, n_epochs=10, ent_coef=0.0, learning_rate=1e-3, clip_range=0.2,
+            use_sde=True, sde_sample_freq=4,
+            policy_kwargs=dict(
+                ortho_init=False, activation_fn=nn.ReLU, lstm_hidden_size=64, enable_critic_lstm=True,
+                net_arch=dict(pi=[64], vf=[64]),
+            ),
+        ),
+    ),
+}  # fmt: skip
+
+
+def make_env(env_id: str, n_envs: int, seed: int, normalize: bool = False):
+    """
+    A DummyVecEnv of ``env_id`` (in ``VecNormalize`` with ``normalize``, as rl-zoo3's ``normalize: true``);
+    ``InvalidActionEnvDiscrete`` is sb3-contrib's masked test env (dim 100, 50 invalid).
+    """
     if env_id == "InvalidActionEnvDiscrete":
-        return make_vec_env(lambda: InvalidActionEnvDiscrete(dim=100, n_invalid_actions=50), n_envs=n_envs, seed=seed)
-    return make_vec_env(env_id, n_envs=n_envs, seed=seed)
+        env = make_vec_env(lambda: InvalidActionEnvDiscrete(dim=100, n_invalid_actions=50), n_envs=n_envs, seed=seed)
+    else:
+        if env_id.endswith("NoVel-v1"):
+            import rl_zoo3.import_envs  # noqa: F401  (registers rl-zoo3's PendulumNoVel-v1)
+        env = make_vec_env(env_id, n_envs=n_envs, seed=seed)
+    return VecNormalize(env) if normalize else env
 
 
 def measure(
-    algo: type, kwargs: dict, env_id: str, steps: int, n_envs: int, seed: int, hyperparams: dict, policy: str = "MlpPolicy"
+    algo: type,
+    kwargs: dict,
+    env_id: str,
+    steps: int,
+    n_envs: int,
+    seed: int,
+    hyperparams: dict,
+    policy: str = "MlpPolicy",
+    normalize: bool = False,
 ) -> tuple[float, float]:
     """One timed ``learn(steps)`` of a freshly built model: ``(env-steps per CPU second, env-steps per wall second)``."""
-    env = make_env(env_id, n_envs, seed)
-    model = algo(policy, env, seed=seed, **hyperparams, **kwargs)
+    env = make_env(env_id, n_envs, seed, normalize)
+    policy_kwargs = {**hyperparams.get("policy_kwargs", {}), **kwargs.get("policy_kwargs", {})}
+    merged = {**hyperparams, **kwargs, **({"policy_kwargs": policy_kwargs} if policy_kwargs else {})}
+    model = algo(policy, env, seed=seed, **merged)
     cpu_start, wall_start = time.process_time(), time.perf_counter()
     model.learn(steps)
     cpu, wall = time.process_time() - cpu_start, time.perf_counter() - wall_start
@@ -125,6 +230,7 @@ def run(
     warmup: int = 1,
     variants: dict | None = None,
     policy: str = "MlpPolicy",
+    normalize: bool = False,
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Interleaved measurements: CPU-time and wall-clock env-steps/s of each variant, one entry per repeat."""
     variants = VARIANTS if variants is None else variants
@@ -133,10 +239,12 @@ def run(
     order = list(variants.items())
     for _ in range(warmup):
         for _name, (algo, kwargs) in order:
-            measure(algo, kwargs, env_id, min(steps, n_envs * hyperparams["n_steps"]), n_envs, 0, hyperparams, policy)
+            measure(
+                algo, kwargs, env_id, min(steps, n_envs * hyperparams["n_steps"]), n_envs, 0, hyperparams, policy, normalize
+            )
     for repeat in range(repeats):
         for name, (algo, kwargs) in order if repeat % 2 == 0 else order[::-1]:
-            cpu_fps, wall_fps = measure(algo, kwargs, env_id, steps, n_envs, repeat, hyperparams, policy)
+            cpu_fps, wall_fps = measure(algo, kwargs, env_id, steps, n_envs, repeat, hyperparams, policy, normalize)
             cpu[name].append(cpu_fps)
             wall[name].append(wall_fps)
     return cpu, wall
@@ -145,6 +253,9 @@ def run(
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", choices=sorted(FAMILIES), default="ppo", help="which Ext algorithm against its upstream")
+    parser.add_argument(
+        "--workload", choices=sorted(WORKLOADS), help="rl-zoo3's settings for an env (sets the family, env, envs and settings)"
+    )
     parser.add_argument("--env", default=None, help="env id (default: the family's)")
     parser.add_argument("--steps", type=int, default=20_000, help="env steps per timed run (keep runs short, repeats many)")
     parser.add_argument("--n-envs", type=int, default=4)
@@ -159,10 +270,13 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     th.set_num_threads(1)
     hyperparams = dict(HYPERPARAMS, n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs)
+    normalize = False
+    if args.workload:
+        args.family, args.env, args.n_envs, normalize, hyperparams = WORKLOADS[args.workload]
 
     variants, policy, default_env = FAMILIES[args.family]
     args.env = args.env or default_env
-    cpu, wall = run(args.env, args.steps, args.n_envs, args.repeats, hyperparams, args.warmup, variants, policy)
+    cpu, wall = run(args.env, args.steps, args.n_envs, args.repeats, hyperparams, args.warmup, variants, policy, normalize)
     cpu_summary, wall_summary = summarize(cpu), summarize(wall)
     print(f"{args.env}, {args.steps} steps x {args.repeats} repeats, {args.n_envs} envs, {hyperparams}")
     print("env-steps per second of process CPU time (headline); wall clock in the last two columns")
@@ -180,6 +294,8 @@ def main(argv: list[str] | None = None) -> dict:
         )
     result = {
         "family": args.family,
+        "workload": args.workload,
+        "normalize": normalize,
         "env": args.env,
         "steps": args.steps,
         "repeats": args.repeats,
@@ -201,7 +317,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     if args.json:
         with open(args.json, "w") as file:
-            json.dump(result, file, indent=1)
+            json.dump(result, file, indent=1, default=repr)  # schedules and activation classes by name
     return result
 
 

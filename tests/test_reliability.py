@@ -310,7 +310,7 @@ class HostileEnv(gym.Env):
 @pytest.mark.parametrize(
     "fault, error, message",
     [
-        ("nan_obs", ValueError, "invalid values"),
+        ("nan_obs", ValueError, "non-finite log-probability of the sampled actions"),
         ("inf_obs", NonFiniteLossError, "non-finite (loss|gradient)"),
         ("nan_reward", NonFiniteLossError, "non-finite loss"),
         ("inf_reward", NonFiniteLossError, "non-finite loss"),
