@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -14,15 +13,18 @@ from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
 from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.policies import BasePolicy
-from stable_baselines3.common.torch_layers import CombinedExtractor, NatureCNN
-from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, PyTorchObs, Schedule
+from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppo_ext.buffers import PiOldMaskableDictRolloutBuffer, PiOldMaskableRolloutBuffer
 from sb3_ppo_ext.engine import ExtUpdateEngine, checked_arguments, flat_observations, flat_rollout, index_observations
 from sb3_ppo_ext.envs import masks_of, without_masks
 from sb3_ppo_ext.files import ModelFiles
-from sb3_ppo_ext.policies import CheckedForward, NetworkLearningRates, with_foreach_adam
+from sb3_ppo_ext.policies import (  # the policies live in sb3_ppo_ext.policies; these names keep old files loading
+    MaskablePPOExtCnnPolicy,
+    MaskablePPOExtMultiInputPolicy,
+    MaskablePPOExtPolicy,
+)
 
 SelfMaskablePPOExt = TypeVar("SelfMaskablePPOExt", bound="MaskablePPOExt")
 
@@ -107,103 +109,6 @@ def observation_rows(observation: Any, observation_space: spaces.Space) -> int:
         key = next(iter(observation))
         observation, observation_space = observation[key], observation_space[key]
     return max(1, np.size(observation) // max(1, int(np.prod(observation_space.shape))))
-
-
-class MaskablePPOExtPolicy(CheckedForward, NetworkLearningRates, MaskableActorCriticPolicy):
-    """
-    sb3-contrib's ``MaskableActorCriticPolicy`` whose ``evaluate_actions`` can also return the
-    masked action distribution, so that the KL penalty needs no second forward pass. The network,
-    its initialisation and its outputs are upstream's.
-
-    :param args: arguments of ``MaskableActorCriticPolicy``
-    :param squash_output: accepted for symmetry with PPOExt's policies: masked action spaces are
-        discrete, so only ``None`` or ``False`` is valid
-    :param learning_rates: the actor's and the critic's own learning rates, as in
-        :class:`sb3_ppo_ext.policies.PPOExtActorCriticPolicy` (``None``: upstream's one group)
-    :param kwargs: keyword arguments of ``MaskableActorCriticPolicy``
-    """
-
-    def __init__(
-        self,
-        *args: Any,
-        squash_output: bool | None = None,
-        learning_rates: Mapping[str, float | str | Callable[[float], float]] | None = None,
-        **kwargs: Any,
-    ):
-        if squash_output is not None and squash_output is not False:
-            raise ValueError(
-                f"squash_output={squash_output!r} is invalid for MaskablePPOExt: its action spaces (Discrete, "
-                "MultiDiscrete, MultiBinary) are discrete and have no squashed head; expected None or False"
-            )
-        super().__init__(*args, **with_foreach_adam(kwargs))
-        self._init_network_learning_rates(learning_rates)
-
-    def evaluate_actions_and_distribution(
-        self,
-        obs: PyTorchObs,
-        actions: th.Tensor,
-        action_masks: th.Tensor | None = None,
-        entropy_requires_grad: bool = True,
-    ) -> tuple[th.Tensor, th.Tensor, th.Tensor, Any]:
-        """
-        ``evaluate_actions`` that also returns the masked distribution.
-
-        The steps of upstream's ``evaluate_actions``, which returns no distribution and has no hook
-        that would (hence written out here).
-
-        :param obs: Observation
-        :param actions: Actions
-        :param action_masks: the actions' masks (``None``: no masking)
-        :param entropy_requires_grad: ``False`` computes the entropy outside the autograd graph
-        :return: estimated value, log likelihood of the actions, entropy and the distribution
-        """
-        features = self.extract_features(obs)
-        if self.share_features_extractor:
-            latent_pi, latent_vf = self.mlp_extractor(features)
-        else:
-            pi_features, vf_features = features
-            latent_pi = self.mlp_extractor.forward_actor(pi_features)
-            latent_vf = self.mlp_extractor.forward_critic(vf_features)
-        distribution = self._get_action_dist_from_latent(latent_pi)
-        if action_masks is not None:
-            distribution.apply_masking(action_masks)
-        log_prob = distribution.log_prob(actions)
-        values = self.value_net(latent_vf)
-        with th.set_grad_enabled(entropy_requires_grad and th.is_grad_enabled()):
-            entropy = distribution.entropy()
-        return values, log_prob, entropy, distribution
-
-    def evaluate_actions(
-        self, obs: th.Tensor, actions: th.Tensor, action_masks: th.Tensor | None = None
-    ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:
-        values, log_prob, entropy, _ = self.evaluate_actions_and_distribution(obs, actions, action_masks)
-        return values, log_prob, entropy
-
-
-class MaskablePPOExtCnnPolicy(MaskablePPOExtPolicy):
-    """
-    :class:`MaskablePPOExtPolicy` with SB3's ``NatureCNN`` features extractor by default.
-
-    :param args: arguments of :class:`MaskablePPOExtPolicy`
-    :param features_extractor_class: Features extractor to use
-    :param kwargs: keyword arguments of :class:`MaskablePPOExtPolicy`
-    """
-
-    def __init__(self, *args: Any, features_extractor_class: type = NatureCNN, **kwargs: Any):
-        super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
-
-
-class MaskablePPOExtMultiInputPolicy(MaskablePPOExtPolicy):
-    """
-    :class:`MaskablePPOExtPolicy` for ``Dict`` observation spaces (SB3's ``CombinedExtractor``).
-
-    :param args: arguments of :class:`MaskablePPOExtPolicy`
-    :param features_extractor_class: Features extractor to use
-    :param kwargs: keyword arguments of :class:`MaskablePPOExtPolicy`
-    """
-
-    def __init__(self, *args: Any, features_extractor_class: type = CombinedExtractor, **kwargs: Any):
-        super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
 
 
 class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):
@@ -445,8 +350,5 @@ MultiInputPolicy = MaskablePPOExtMultiInputPolicy
 
 __all__ = [
     "MaskablePPOExt",
-    "MaskablePPOExtCnnPolicy",
-    "MaskablePPOExtMultiInputPolicy",
-    "MaskablePPOExtPolicy",
     "check_action_masks",
 ]

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import torch as th
 from gymnasium import spaces
+from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
+from sb3_contrib.common.recurrent.policies import RecurrentActorCriticPolicy
+from sb3_contrib.common.recurrent.type_aliases import RNNStates
 from stable_baselines3.common.distributions import Distribution
 from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.preprocessing import get_action_dim
@@ -373,6 +378,18 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         kwargs = with_foreach_adam(kwargs)
         super().__init__(observation_space, action_space, lr_schedule, *args, squash_output=False, **kwargs)  # type: ignore[misc]
         self._squash_output = bool(squash_output)
+        if self.squash_output != self._squash_output:
+            # SB3's rollout collection and predict rescale instead of clipping when the public ``squash_output``
+            # is true; it reads the private ``_squash_output`` set above. A release that renames it would
+            # send the env clipped pre-squash samples: refused here instead.
+            import stable_baselines3
+
+            raise RuntimeError(
+                f"{type(self).__name__}: stable_baselines3 {stable_baselines3.__version__}'s policy.squash_output does "
+                f"not read the _squash_output attribute this package sets (squash_output={self._squash_output} was "
+                "set, the property says otherwise): the squashed head cannot work with this SB3 version; install the "
+                "version this package supports (see pyproject.toml) or pass policy_kwargs=dict(squash_output=False)"
+            )
         if self._squash_output:
             assert isinstance(action_space, spaces.Box)
             half_range = (action_space.high.astype(np.float64) - action_space.low.astype(np.float64)) / 2.0
@@ -572,3 +589,252 @@ class PPOExtMultiInputActorCriticPolicy(PPOExtActorCriticPolicy):
 MlpPolicy = PPOExtActorCriticPolicy
 CnnPolicy = PPOExtActorCriticCnnPolicy
 MultiInputPolicy = PPOExtMultiInputActorCriticPolicy
+
+
+# ---- MaskablePPOExt's policies ------------------------------------------------------------------
+
+
+class MaskablePPOExtPolicy(CheckedForward, NetworkLearningRates, MaskableActorCriticPolicy):
+    """
+    sb3-contrib's ``MaskableActorCriticPolicy`` whose ``evaluate_actions`` can also return the
+    masked action distribution, so that the KL penalty needs no second forward pass. The network,
+    its initialisation and its outputs are upstream's.
+
+    :param args: arguments of ``MaskableActorCriticPolicy``
+    :param squash_output: accepted for symmetry with PPOExt's policies: masked action spaces are
+        discrete, so only ``None`` or ``False`` is valid
+    :param learning_rates: the actor's and the critic's own learning rates, as in
+        :class:`sb3_ppo_ext.policies.PPOExtActorCriticPolicy` (``None``: upstream's one group)
+    :param kwargs: keyword arguments of ``MaskableActorCriticPolicy``
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        squash_output: bool | None = None,
+        learning_rates: Mapping[str, float | str | Callable[[float], float]] | None = None,
+        **kwargs: Any,
+    ):
+        if squash_output is not None and squash_output is not False:
+            raise ValueError(
+                f"squash_output={squash_output!r} is invalid for MaskablePPOExt: its action spaces (Discrete, "
+                "MultiDiscrete, MultiBinary) are discrete and have no squashed head; expected None or False"
+            )
+        super().__init__(*args, **with_foreach_adam(kwargs))
+        self._init_network_learning_rates(learning_rates)
+
+    def evaluate_actions_and_distribution(
+        self,
+        obs: PyTorchObs,
+        actions: th.Tensor,
+        action_masks: th.Tensor | None = None,
+        entropy_requires_grad: bool = True,
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor, Any]:
+        """
+        ``evaluate_actions`` that also returns the masked distribution.
+
+        The steps of upstream's ``evaluate_actions``, which returns no distribution and has no hook
+        that would (hence written out here).
+
+        :param obs: Observation
+        :param actions: Actions
+        :param action_masks: the actions' masks (``None``: no masking)
+        :param entropy_requires_grad: ``False`` computes the entropy outside the autograd graph
+        :return: estimated value, log likelihood of the actions, entropy and the distribution
+        """
+        features = self.extract_features(obs)
+        if self.share_features_extractor:
+            latent_pi, latent_vf = self.mlp_extractor(features)
+        else:
+            pi_features, vf_features = features
+            latent_pi = self.mlp_extractor.forward_actor(pi_features)
+            latent_vf = self.mlp_extractor.forward_critic(vf_features)
+        distribution = self._get_action_dist_from_latent(latent_pi)
+        if action_masks is not None:
+            distribution.apply_masking(action_masks)
+        log_prob = distribution.log_prob(actions)
+        values = self.value_net(latent_vf)
+        with th.set_grad_enabled(entropy_requires_grad and th.is_grad_enabled()):
+            entropy = distribution.entropy()
+        return values, log_prob, entropy, distribution
+
+    def evaluate_actions(
+        self, obs: th.Tensor, actions: th.Tensor, action_masks: th.Tensor | None = None
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:
+        values, log_prob, entropy, _ = self.evaluate_actions_and_distribution(obs, actions, action_masks)
+        return values, log_prob, entropy
+
+
+class MaskablePPOExtCnnPolicy(MaskablePPOExtPolicy):
+    """
+    :class:`MaskablePPOExtPolicy` with SB3's ``NatureCNN`` features extractor by default.
+
+    :param args: arguments of :class:`MaskablePPOExtPolicy`
+    :param features_extractor_class: Features extractor to use
+    :param kwargs: keyword arguments of :class:`MaskablePPOExtPolicy`
+    """
+
+    def __init__(self, *args: Any, features_extractor_class: type = NatureCNN, **kwargs: Any):
+        super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
+
+
+class MaskablePPOExtMultiInputPolicy(MaskablePPOExtPolicy):
+    """
+    :class:`MaskablePPOExtPolicy` for ``Dict`` observation spaces (SB3's ``CombinedExtractor``).
+
+    :param args: arguments of :class:`MaskablePPOExtPolicy`
+    :param features_extractor_class: Features extractor to use
+    :param kwargs: keyword arguments of :class:`MaskablePPOExtPolicy`
+    """
+
+    def __init__(self, *args: Any, features_extractor_class: type = CombinedExtractor, **kwargs: Any):
+        super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
+
+
+# ---- RecurrentPPOExt's policies -----------------------------------------------------------------
+
+
+class SquashedActionsWarning(UserWarning):
+    """
+    A squashed :class:`RecurrentPPOExtPolicy` was run (``forward``) outside RecurrentPPOExt's rollout
+    collection, e.g. trained by sb3-contrib's ``RecurrentPPO`` after ``RecurrentPPO.load`` of a
+    RecurrentPPOExt file: its actions are pre-squash samples, which that collection sends to the env
+    clipped, not squashed.
+    """
+
+
+class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy):
+    """
+    sb3-contrib's ``RecurrentActorCriticPolicy`` (LSTM actor and critic) with PPOExt's exact
+    tanh-squashed Gaussian head for ``Box`` actions, on by default: the LSTM's latent feeds the
+    squashed head exactly as the MLP's does in :class:`sb3_ppo_ext.policies.PPOExtActorCriticPolicy`
+    (pre-squash sample stored and scored, ``unscale_action`` to the env's bounds). With
+    ``squash_output=False`` the network, its initialisation and its outputs are upstream's.
+
+    The arguments are those of both parents: ``squash_output``, ``state_dependent_std``,
+    ``log_std_bounds``, ``entropy_estimator`` (PPOExt's head) and ``lstm_hidden_size``,
+    ``n_lstm_layers``, ``shared_lstm``, ``enable_critic_lstm``, ``lstm_kwargs`` (sb3-contrib's).
+
+    With the squashed head, ``forward`` returns pre-squash samples ``u``: RecurrentPPOExt's collection
+    sends the env ``unscale_action(tanh(u))``, but sb3-contrib's ``RecurrentPPO`` (which ignores
+    ``squash_output``) would send ``clip(u)``. A ``RecurrentPPO.load`` of a RecurrentPPOExt file builds
+    this policy, so the policy itself tells the two apart: the first ``forward`` outside
+    RecurrentPPOExt's collection (:meth:`ext_collection`) issues a :class:`SquashedActionsWarning`.
+    ``predict`` squashes under either class.
+
+    :param args: arguments of :class:`sb3_ppo_ext.policies.PPOExtActorCriticPolicy`
+    :param kwargs: keyword arguments of both parents
+    """
+
+    _in_ext_collection: bool = False
+    _warned_outside_ext_collection: bool = False
+
+    @contextlib.contextmanager
+    def ext_collection(self) -> Iterator[None]:
+        """Marks the ``forward`` calls of RecurrentPPOExt's rollout collection, which squashes the actions it sends."""
+        self._in_ext_collection = True
+        try:
+            yield
+        finally:
+            self._in_ext_collection = False
+
+    def forward(  # type: ignore[override]
+        self, obs: th.Tensor, lstm_states: RNNStates, episode_starts: th.Tensor, deterministic: bool = False
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor, RNNStates]:
+        """
+        Upstream's ``forward``; with the squashed head, outside RecurrentPPOExt's collection, the first
+        call warns (:class:`SquashedActionsWarning`) that its actions are pre-squash.
+
+        :param obs: Observation
+        :param lstm_states: The last hidden and memory states for the LSTM
+        :param episode_starts: Whether the observations correspond to new episodes or not
+        :param deterministic: Whether to sample or use deterministic actions
+        :return: action (pre-squash with the squashed head), value, log probability of the action and the new states
+        """
+        if self.squash_output and not self._in_ext_collection and not self._warned_outside_ext_collection:
+            self._warned_outside_ext_collection = True
+            warnings.warn(
+                f"{type(self).__name__} has the squashed head (squash_output=True): forward returns pre-squash "
+                "actions, which only RecurrentPPOExt's rollout collection turns into the env's actions "
+                "(policy.unscale_action of them). sb3-contrib's RecurrentPPO ignores squash_output and sends them "
+                "clipped to the bounds, so a RecurrentPPOExt file loaded with sb3_contrib.RecurrentPPO.load trains on "
+                "other actions than the ones predict returns: load it with sb3_ppo_ext.RecurrentPPOExt.load "
+                "(predict is right under either class)",
+                SquashedActionsWarning,
+                stacklevel=2,
+            )
+        return super().forward(obs, lstm_states, episode_starts, deterministic)
+
+    def evaluate_actions_and_distribution(  # type: ignore[override]
+        self,
+        obs: PyTorchObs,
+        actions: th.Tensor,
+        lstm_states: RNNStates,
+        episode_starts: th.Tensor,
+        entropy_requires_grad: bool = True,
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Any]:
+        """
+        ``evaluate_actions`` that also returns the action distribution.
+
+        The steps of upstream's ``evaluate_actions``, which returns no distribution and has no hook
+        that would (hence written out here).
+
+        :param obs: Observations of padded sequences
+        :param actions: Actions as stored in the rollout buffer (pre-squash for the squashed head)
+        :param lstm_states: The LSTM states at the start of each sequence
+        :param episode_starts: Whether each observation starts an episode (the states are reset there)
+        :param entropy_requires_grad: ``False`` computes the entropy outside the autograd graph
+        :return: estimated value, log likelihood of the actions, entropy and the distribution
+        """
+        features = self.extract_features(obs)
+        if self.share_features_extractor:
+            pi_features = vf_features = features
+        else:
+            pi_features, vf_features = features
+        latent_pi, _ = self._process_sequence(pi_features, lstm_states.pi, episode_starts, self.lstm_actor)
+        if self.lstm_critic is not None:
+            latent_vf, _ = self._process_sequence(vf_features, lstm_states.vf, episode_starts, self.lstm_critic)
+        elif self.shared_lstm:
+            latent_vf = latent_pi.detach()
+        else:
+            latent_vf = self.critic(vf_features)
+        latent_pi = self.mlp_extractor.forward_actor(latent_pi)
+        latent_vf = self.mlp_extractor.forward_critic(latent_vf)
+        distribution = self._get_action_dist_from_latent(latent_pi)
+        log_prob = distribution.log_prob(actions)
+        values = self.value_net(latent_vf)
+        with th.set_grad_enabled(entropy_requires_grad and th.is_grad_enabled()):
+            entropy = distribution.entropy()
+        return values, log_prob, entropy, distribution
+
+    def evaluate_actions(  # type: ignore[override]
+        self, obs: th.Tensor, actions: th.Tensor, lstm_states: RNNStates, episode_starts: th.Tensor
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:
+        values, log_prob, entropy, _ = self.evaluate_actions_and_distribution(obs, actions, lstm_states, episode_starts)
+        return values, log_prob, entropy
+
+
+class RecurrentPPOExtCnnPolicy(RecurrentPPOExtPolicy):
+    """
+    :class:`RecurrentPPOExtPolicy` with SB3's ``NatureCNN`` features extractor by default.
+
+    :param args: arguments of :class:`RecurrentPPOExtPolicy`
+    :param features_extractor_class: Features extractor to use
+    :param kwargs: keyword arguments of :class:`RecurrentPPOExtPolicy`
+    """
+
+    def __init__(self, *args: Any, features_extractor_class: type = NatureCNN, **kwargs: Any):
+        super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
+
+
+class RecurrentPPOExtMultiInputPolicy(RecurrentPPOExtPolicy):
+    """
+    :class:`RecurrentPPOExtPolicy` for ``Dict`` observation spaces (SB3's ``CombinedExtractor``).
+
+    :param args: arguments of :class:`RecurrentPPOExtPolicy`
+    :param features_extractor_class: Features extractor to use
+    :param kwargs: keyword arguments of :class:`RecurrentPPOExtPolicy`
+    """
+
+    def __init__(self, *args: Any, features_extractor_class: type = CombinedExtractor, **kwargs: Any):
+        super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)

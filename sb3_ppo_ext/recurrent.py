@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import warnings
-from collections.abc import Iterator
 from copy import deepcopy
 from typing import Any, ClassVar, TypeVar
 
@@ -13,167 +11,26 @@ from gymnasium import spaces
 from sb3_contrib import RecurrentPPO
 from sb3_contrib.common.recurrent.buffers import RecurrentDictRolloutBuffer, RecurrentRolloutBuffer
 from sb3_contrib.common.recurrent.policies import RecurrentActorCriticPolicy
-from sb3_contrib.common.recurrent.type_aliases import RNNStates
 from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.policies import BasePolicy
-from stable_baselines3.common.torch_layers import CombinedExtractor, NatureCNN
-from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, PyTorchObs, Schedule
+from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
 from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppo_ext.buffers import PI_OLD_BUFFERS
 from sb3_ppo_ext.engine import ExtUpdateEngine, checked_arguments
 from sb3_ppo_ext.files import ModelFiles
-from sb3_ppo_ext.policies import PPOExtActorCriticPolicy
+from sb3_ppo_ext.policies import (  # the policies live in sb3_ppo_ext.policies; these names keep old files loading
+    RecurrentPPOExtCnnPolicy,
+    RecurrentPPOExtMultiInputPolicy,
+    RecurrentPPOExtPolicy,
+)
+from sb3_ppo_ext.policies import (
+    SquashedActionsWarning as SquashedActionsWarning,  # re-exported: its old import path
+)
 
 SelfRecurrentPPOExt = TypeVar("SelfRecurrentPPOExt", bound="RecurrentPPOExt")
-
-
-class SquashedActionsWarning(UserWarning):
-    """
-    A squashed :class:`RecurrentPPOExtPolicy` was run (``forward``) outside RecurrentPPOExt's rollout
-    collection, e.g. trained by sb3-contrib's ``RecurrentPPO`` after ``RecurrentPPO.load`` of a
-    RecurrentPPOExt file: its actions are pre-squash samples, which that collection sends to the env
-    clipped, not squashed.
-    """
-
-
-class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy):
-    """
-    sb3-contrib's ``RecurrentActorCriticPolicy`` (LSTM actor and critic) with PPOExt's exact
-    tanh-squashed Gaussian head for ``Box`` actions, on by default: the LSTM's latent feeds the
-    squashed head exactly as the MLP's does in :class:`sb3_ppo_ext.policies.PPOExtActorCriticPolicy`
-    (pre-squash sample stored and scored, ``unscale_action`` to the env's bounds). With
-    ``squash_output=False`` the network, its initialisation and its outputs are upstream's.
-
-    The arguments are those of both parents: ``squash_output``, ``state_dependent_std``,
-    ``log_std_bounds``, ``entropy_estimator`` (PPOExt's head) and ``lstm_hidden_size``,
-    ``n_lstm_layers``, ``shared_lstm``, ``enable_critic_lstm``, ``lstm_kwargs`` (sb3-contrib's).
-
-    With the squashed head, ``forward`` returns pre-squash samples ``u``: RecurrentPPOExt's collection
-    sends the env ``unscale_action(tanh(u))``, but sb3-contrib's ``RecurrentPPO`` (which ignores
-    ``squash_output``) would send ``clip(u)``. A ``RecurrentPPO.load`` of a RecurrentPPOExt file builds
-    this policy, so the policy itself tells the two apart: the first ``forward`` outside
-    RecurrentPPOExt's collection (:meth:`ext_collection`) issues a :class:`SquashedActionsWarning`.
-    ``predict`` squashes under either class.
-
-    :param args: arguments of :class:`sb3_ppo_ext.policies.PPOExtActorCriticPolicy`
-    :param kwargs: keyword arguments of both parents
-    """
-
-    _in_ext_collection: bool = False
-    _warned_outside_ext_collection: bool = False
-
-    @contextlib.contextmanager
-    def ext_collection(self) -> Iterator[None]:
-        """Marks the ``forward`` calls of RecurrentPPOExt's rollout collection, which squashes the actions it sends."""
-        self._in_ext_collection = True
-        try:
-            yield
-        finally:
-            self._in_ext_collection = False
-
-    def forward(  # type: ignore[override]
-        self, obs: th.Tensor, lstm_states: RNNStates, episode_starts: th.Tensor, deterministic: bool = False
-    ) -> tuple[th.Tensor, th.Tensor, th.Tensor, RNNStates]:
-        """
-        Upstream's ``forward``; with the squashed head, outside RecurrentPPOExt's collection, the first
-        call warns (:class:`SquashedActionsWarning`) that its actions are pre-squash.
-
-        :param obs: Observation
-        :param lstm_states: The last hidden and memory states for the LSTM
-        :param episode_starts: Whether the observations correspond to new episodes or not
-        :param deterministic: Whether to sample or use deterministic actions
-        :return: action (pre-squash with the squashed head), value, log probability of the action and the new states
-        """
-        if self.squash_output and not self._in_ext_collection and not self._warned_outside_ext_collection:
-            self._warned_outside_ext_collection = True
-            warnings.warn(
-                f"{type(self).__name__} has the squashed head (squash_output=True): forward returns pre-squash "
-                "actions, which only RecurrentPPOExt's rollout collection turns into the env's actions "
-                "(policy.unscale_action of them). sb3-contrib's RecurrentPPO ignores squash_output and sends them "
-                "clipped to the bounds, so a RecurrentPPOExt file loaded with sb3_contrib.RecurrentPPO.load trains on "
-                "other actions than the ones predict returns: load it with sb3_ppo_ext.RecurrentPPOExt.load "
-                "(predict is right under either class)",
-                SquashedActionsWarning,
-                stacklevel=2,
-            )
-        return super().forward(obs, lstm_states, episode_starts, deterministic)
-
-    def evaluate_actions_and_distribution(  # type: ignore[override]
-        self,
-        obs: PyTorchObs,
-        actions: th.Tensor,
-        lstm_states: RNNStates,
-        episode_starts: th.Tensor,
-        entropy_requires_grad: bool = True,
-    ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Any]:
-        """
-        ``evaluate_actions`` that also returns the action distribution.
-
-        The steps of upstream's ``evaluate_actions``, which returns no distribution and has no hook
-        that would (hence written out here).
-
-        :param obs: Observations of padded sequences
-        :param actions: Actions as stored in the rollout buffer (pre-squash for the squashed head)
-        :param lstm_states: The LSTM states at the start of each sequence
-        :param episode_starts: Whether each observation starts an episode (the states are reset there)
-        :param entropy_requires_grad: ``False`` computes the entropy outside the autograd graph
-        :return: estimated value, log likelihood of the actions, entropy and the distribution
-        """
-        features = self.extract_features(obs)
-        if self.share_features_extractor:
-            pi_features = vf_features = features
-        else:
-            pi_features, vf_features = features
-        latent_pi, _ = self._process_sequence(pi_features, lstm_states.pi, episode_starts, self.lstm_actor)
-        if self.lstm_critic is not None:
-            latent_vf, _ = self._process_sequence(vf_features, lstm_states.vf, episode_starts, self.lstm_critic)
-        elif self.shared_lstm:
-            latent_vf = latent_pi.detach()
-        else:
-            latent_vf = self.critic(vf_features)
-        latent_pi = self.mlp_extractor.forward_actor(latent_pi)
-        latent_vf = self.mlp_extractor.forward_critic(latent_vf)
-        distribution = self._get_action_dist_from_latent(latent_pi)
-        log_prob = distribution.log_prob(actions)
-        values = self.value_net(latent_vf)
-        with th.set_grad_enabled(entropy_requires_grad and th.is_grad_enabled()):
-            entropy = distribution.entropy()
-        return values, log_prob, entropy, distribution
-
-    def evaluate_actions(  # type: ignore[override]
-        self, obs: th.Tensor, actions: th.Tensor, lstm_states: RNNStates, episode_starts: th.Tensor
-    ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:
-        values, log_prob, entropy, _ = self.evaluate_actions_and_distribution(obs, actions, lstm_states, episode_starts)
-        return values, log_prob, entropy
-
-
-class RecurrentPPOExtCnnPolicy(RecurrentPPOExtPolicy):
-    """
-    :class:`RecurrentPPOExtPolicy` with SB3's ``NatureCNN`` features extractor by default.
-
-    :param args: arguments of :class:`RecurrentPPOExtPolicy`
-    :param features_extractor_class: Features extractor to use
-    :param kwargs: keyword arguments of :class:`RecurrentPPOExtPolicy`
-    """
-
-    def __init__(self, *args: Any, features_extractor_class: type = NatureCNN, **kwargs: Any):
-        super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
-
-
-class RecurrentPPOExtMultiInputPolicy(RecurrentPPOExtPolicy):
-    """
-    :class:`RecurrentPPOExtPolicy` for ``Dict`` observation spaces (SB3's ``CombinedExtractor``).
-
-    :param args: arguments of :class:`RecurrentPPOExtPolicy`
-    :param features_extractor_class: Features extractor to use
-    :param kwargs: keyword arguments of :class:`RecurrentPPOExtPolicy`
-    """
-
-    def __init__(self, *args: Any, features_extractor_class: type = CombinedExtractor, **kwargs: Any):
-        super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
 
 
 class RecurrentPPOExt(ModelFiles, ExtUpdateEngine, RecurrentPPO):
@@ -470,8 +327,4 @@ MultiInputLstmPolicy = RecurrentPPOExtMultiInputPolicy
 
 __all__ = [
     "RecurrentPPOExt",
-    "RecurrentPPOExtCnnPolicy",
-    "RecurrentPPOExtMultiInputPolicy",
-    "RecurrentPPOExtPolicy",
-    "SquashedActionsWarning",
 ]

@@ -26,6 +26,8 @@ cloudpickle): loading one runs code from it. Load only files you trust (see the 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import dataclasses
 import errno
@@ -34,6 +36,7 @@ import io
 import json
 import math
 import os
+import pickletools
 import re
 import secrets
 import socket
@@ -679,10 +682,41 @@ _FAMILY_LOADER = {
 }
 
 
+# The policy classes of this package's masked and recurrent algorithms (in ``sb3_ppo_ext.policies``; older
+# files name them in ``sb3_ppo_ext.maskable`` / ``sb3_ppo_ext.recurrent``, which _FAMILY_OF_POLICY_MODULE tells).
+_FAMILY_OF_POLICY_NAME = (
+    ("sb3_ppo_ext.policies.MaskablePPOExt", "MaskablePPO"),
+    ("sb3_ppo_ext.policies.RecurrentPPOExt", "RecurrentPPO"),
+)
+
+
 def _policy_module(data: Mapping[str, Any]) -> str:
     policy_class = data.get("policy_class")
     module = policy_class.get("__module__") if isinstance(policy_class, Mapping) else None
     return module if isinstance(module, str) else ""
+
+
+def _policy_class_path(data: Mapping[str, Any]) -> str:
+    """
+    ``module.name`` of the saved policy class, read from the opcodes of its pickle (SB3's ``:serialized:``)
+    without executing it; ``""`` when it cannot be read.
+    """
+    policy_class = data.get("policy_class")
+    serialized = policy_class.get(":serialized:") if isinstance(policy_class, Mapping) else None
+    if not isinstance(serialized, str):
+        return ""
+    try:
+        strings: list[str] = []
+        for opcode, argument, _ in pickletools.genops(base64.b64decode(serialized)):
+            if opcode.name == "GLOBAL" and isinstance(argument, str):  # protocols 0-3: "module name"
+                return argument.replace(" ", ".", 1)
+            if opcode.name == "STACK_GLOBAL" and len(strings) >= 2:  # protocol 4+: module, then name
+                return f"{strings[-2]}.{strings[-1]}"
+            if isinstance(argument, str):
+                strings.append(argument)
+    except (ValueError, TypeError, binascii.Error):
+        return ""
+    return ""
 
 
 def _family_and_reason(data: Mapping[str, Any]) -> tuple[str, str]:
@@ -690,6 +724,10 @@ def _family_and_reason(data: Mapping[str, Any]) -> tuple[str, str]:
     for prefix, family in _FAMILY_OF_POLICY_MODULE:
         if module.startswith(prefix):  # sb3_ppo_ext.maskable, sb3_ppo_ext.maskable_policies, ...
             return family, f"its policy class comes from {module}"
+    path = _policy_class_path(data) if module == "sb3_ppo_ext.policies" else ""
+    for prefix, family in _FAMILY_OF_POLICY_NAME:
+        if path.startswith(prefix):
+            return family, f"its policy class is {path}"
     match = re.fullmatch(r"(?:stable_baselines3|sb3_contrib)\.(\w+)\..*", module)
     if match and match.group(1) != "common":
         return match.group(1).upper(), f"its policy class comes from {module}"
@@ -713,8 +751,11 @@ def model_family(data: Mapping[str, Any]) -> str:
 
     Told first by the module of the saved policy class, then by the saved attributes:
 
-    - ``"MaskablePPO"``: a policy from ``sb3_contrib.common.maskable`` or ``sb3_ppo_ext.maskable*``;
-    - ``"RecurrentPPO"``: a policy from ``sb3_contrib.common.recurrent`` or ``sb3_ppo_ext.recurrent*``;
+    - ``"MaskablePPO"``: a policy from ``sb3_contrib.common.maskable``, ``sb3_ppo_ext.policies.MaskablePPOExt*``
+      (its class name read from the opcodes of the saved pickle, never executed) or, in older files,
+      ``sb3_ppo_ext.maskable*``;
+    - ``"RecurrentPPO"``: likewise with ``sb3_contrib.common.recurrent``, ``sb3_ppo_ext.policies.RecurrentPPOExt*``
+      or ``sb3_ppo_ext.recurrent*``;
     - the upper-cased algorithm module of an algorithm's own policy (``stable_baselines3.sac.policies``:
       ``"SAC"``, ``sb3_contrib.qrdqn.policies``: ``"QRDQN"``);
     - ``"PPO"``: PPO's attributes (``n_steps``, ``batch_size``, ``n_epochs``, ``clip_range``, ...),

@@ -100,6 +100,28 @@ GOAL_1M_SUITES = ("mujoco-1m",)
 VALIDATION_SUITES = ("tuned-1m",)
 # Suites of masked tasks (judged by masked_targets_section: masked against unmasked).
 MASKED_SUITES = ("masked",)
+# Suites comparing the Box action heads (judged by heads_section): each head against the others, and the
+# Gaussian heads with their shipped gSDE against the same heads without it.
+HEADS_SUITES = ("heads",)
+HEAD_NAMES = {
+    "ppo_ext_gauss": "clipped Gaussian",
+    "ppo_ext_clip": "squashed Gaussian",
+    "ppo_ext_beta": "Beta",
+    "ppo_ext_gauss_nosde": "clipped Gaussian, no gSDE",
+    "ppo_ext_clip_nosde": "squashed Gaussian, no gSDE",
+}
+SUITE_PAIRS = {
+    "heads": (
+        ("ppo_ext_clip", "ppo_ext_gauss"),
+        ("ppo_ext_beta", "ppo_ext_gauss"),
+        ("ppo_ext_beta", "ppo_ext_clip"),
+        ("ppo_ext_clip_nosde", "ppo_ext_gauss_nosde"),
+        ("ppo_ext_beta", "ppo_ext_gauss_nosde"),
+        ("ppo_ext_beta", "ppo_ext_clip_nosde"),
+        ("ppo_ext_gauss", "ppo_ext_gauss_nosde"),
+        ("ppo_ext_clip", "ppo_ext_clip_nosde"),
+    )
+}
 # Returns that mean "has learned the task": for Pendulum (no official threshold) a common choice,
 # LunarLander's official one. Hopper's 1000 turned out to be the level of the alive bonus (about 1 per step for 1000
 # steps), which a policy reaches by balancing in place: read it as "stays up", not as locomotion. HalfCheetah's is provisional.
@@ -108,6 +130,7 @@ THRESHOLDS = {
     "LunarLanderContinuous-v3": 200.0,
     "Hopper-v5": 1000.0,
     "HalfCheetah-v5": 1000.0,
+    "MountainCarContinuous-v0": 90.0,  # gymnasium's reward_threshold
 }
 THROUGHPUT_TARGETS = {
     "PPOExt, squash off": 0.98,
@@ -115,6 +138,19 @@ THROUGHPUT_TARGETS = {
     "MaskablePPOExt": 0.95,
     "RecurrentPPOExt, squash off": 0.95,
     "RecurrentPPOExt, squash on": 0.95,
+}
+# The speed bars of issue 22 for scripts/throughput.py --workload measurements: by (workload, variant), the
+# least median of paired ratios (Ext ÷ upstream, CPU time). "PPOExt, squash off" is bit for bit stock PPO.
+SPEED_BARS = {
+    **{(workload, "PPOExt, squash off"): 1.2 for workload in ("hopper", "halfcheetah", "cartpole")},
+    **{(workload, "PPOExt, squash off"): 1.1 for workload in ("pendulum", "lunarlander")},
+    ("mountaincar", "PPOExt, squash off"): 1.0,
+    **{
+        (workload, "PPOExt, squash on"): 1.1
+        for workload in ("hopper", "halfcheetah", "cartpole", "pendulum", "lunarlander", "mountaincar")
+    },
+    ("masked", "MaskablePPOExt"): 1.15,
+    ("recurrent", "RecurrentPPOExt, squash off"): 1.1,
 }
 FAMILY_TITLES = {
     "ppo": "PPOExt ÷ PPO",
@@ -435,10 +471,14 @@ def summarize(algo: str, runs: list[Run], threshold: float | None) -> Summary:
     )
 
 
-def improvements(summaries: list[Summary]) -> dict[tuple[str, str], tuple[float, tuple[float, float]]]:
+def improvements(
+    summaries: list[Summary], extra_pairs: Iterable[tuple[str, str]] = ()
+) -> dict[tuple[str, str], tuple[float, tuple[float, float]]]:
     """
     Probability of improvement (and CI) of each PPOExt variant over each baseline that ran, and of a
     candidate entry over the shipped entry when both ran, by ``(variant, baseline)``.
+
+    :param extra_pairs: further ``(variant, reference)`` pairs of the suite (:data:`SUITE_PAIRS`), compared when both ran
     """
     finals = {s.algo: s.finals for s in summaries}
     pairs = [
@@ -448,7 +488,9 @@ def improvements(summaries: list[Summary]) -> dict[tuple[str, str], tuple[float,
         for baseline in BASELINES
         if baseline in finals
     ]
-    pairs += [(algo, reference) for algo, reference in VARIANT_PAIRS if algo in finals and reference in finals]
+    pairs += [
+        (algo, reference) for algo, reference in (*VARIANT_PAIRS, *extra_pairs) if algo in finals and reference in finals
+    ]
     return {(algo, baseline): improvement_probability(finals[algo], finals[baseline]) for algo, baseline in pairs}
 
 
@@ -744,9 +786,33 @@ def throughput_sections(throughputs: list[dict[str, Any]]) -> tuple[list[str], d
     for throughput in throughputs:
         family = throughput.get("family", "ppo")
         section, section_ratios = throughput_section(throughput)
-        lines += [f"### {FAMILY_TITLES.get(family, family)}, {throughput['env']}", "", *section, ""]
+        workload = f" (rl-zoo3's settings, `--workload {throughput['workload']}`)" if throughput.get("workload") else ""
+        lines += [f"### {FAMILY_TITLES.get(family, family)}, {throughput['env']}{workload}", "", *section, ""]
         ratios.update(section_ratios)
     return lines, ratios
+
+
+def speed_bars_section(throughputs: list[dict[str, Any]]) -> list[str]:
+    """
+    Issue 22's speed bars (:data:`SPEED_BARS`) against the ``--workload`` measurements: met when the median
+    of the paired ratios reaches the bar; the ratio of medians beside it.
+    """
+    measured = {
+        (t["workload"], name): entry for t in throughputs if t.get("workload") for name, entry in t["variants"].items()
+    }
+    lines = [
+        "| workload | variant | bar (median of paired ratios) | measured | ratio of medians | status |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (workload, variant), bar in SPEED_BARS.items():
+        entry = measured.get((workload, variant))
+        if entry is None:
+            lines.append(f"| {workload} | {variant} | ≥ {bar} | not measured yet | — | — |")
+            continue
+        paired = entry["median_of_paired_ratios"]
+        status = "met" if paired >= bar else "**missed**"
+        lines.append(f"| {workload} | {variant} | ≥ {bar} | {paired:.3f} | {entry['ratio_of_medians']:.3f} | {status} |")
+    return lines
 
 
 def throughput_section(throughput: dict[str, Any] | None) -> tuple[list[str], dict[str, float]]:
@@ -767,10 +833,15 @@ def throughput_section(throughput: dict[str, Any] | None) -> tuple[list[str], di
         if clock == "process_time"
         else "timed by wall clock"
     )
+    if throughput.get("workload"):
+        command = f"--workload {throughput['workload']} --steps {throughput['steps']} --repeats {throughput['repeats']}"
+    else:
+        command = (
+            f"{f'--family {family} ' if family else ''}--env {throughput['env']} --steps {throughput['steps']} "
+            f"--repeats {throughput['repeats']} --n-envs {throughput['n_envs']}"
+        )
     lines = [
-        f"`python scripts/throughput.py{f' --family {family}' if family else ''} --env {throughput['env']} "
-        f"--steps {throughput['steps']} --repeats "
-        f"{throughput['repeats']} --n-envs {throughput['n_envs']} --json ...`, measured {throughput['measured_at']} on "
+        f"`python scripts/throughput.py {command} --json ...`, measured {throughput['measured_at']} on "
         f"{throughput['machine']['cpu_count']} CPU cores, {how}; the variants interleaved (order reversed every "
         f"other repeat); identical hyperparameters for all: `{throughput['hyperparams']}`. The Ext algorithms log "
         "all their diagnostics in every variant (they are always on); the first row is the upstream reference.",
@@ -956,6 +1027,45 @@ def masked_targets_section(
             f"| a masked variant above unmasked stock PPO | {env} (`{best.algo}`) | {status} | IQM {best.iqm:.1f} vs "
             f"{stock.iqm:.1f} ({best.iqm - stock.iqm:+.1f}); P(improvement) {probability:.2f} [{low:.2f}, {high:.2f}] |"
         )
+    return lines
+
+
+def heads_section(
+    suite: str,
+    summaries: dict[str, list[Summary]],
+    found: dict[str, dict[tuple[str, str], tuple[float, tuple[float, float]]]],
+    complete: dict[str, bool],
+) -> list[str]:
+    """
+    The heads suite's question, per env: at the same settings, which Box action head learns best? Every
+    pair of :data:`SUITE_PAIRS` that ran, with the IQM difference and the probability of improvement. A head
+    is "better" than another when its IQM is higher and the CI of its probability of improvement lies above
+    0.5; "worse" when the CI lies below; otherwise the data cannot tell them apart at this many seeds.
+
+    :param complete: by env, whether its runs cover the suite's budget
+    """
+    lines = ["| env | head | vs head | IQM difference | P(improvement) [95 % CI] | verdict |", "|---|---|---|---|---|---|"]
+    for budget in SUITES[suite]:
+        env = budget.env
+        by_algo = {s.algo: s for s in summaries.get(env, [])}
+        pairs = [(a, b) for a, b in SUITE_PAIRS[suite] if (a, b) in found.get(env, {})]
+        if not pairs or not complete.get(env):
+            lines.append(f"| {env} | — | — | — | — | not measured yet{'' if not pairs else ' (runs incomplete)'} |")
+            continue
+        for head, other in pairs:
+            probability, (low, high) = found[env][(head, other)]
+            diff = by_algo[head].iqm - by_algo[other].iqm
+            if diff > 0 and low > 0.5:
+                verdict = "better"
+            elif diff < 0 and high < 0.5:
+                verdict = "worse"
+            else:
+                verdict = "not distinguishable"
+            lines.append(
+                f"| {env} | {HEAD_NAMES.get(head, head)} (`{head}`) | {HEAD_NAMES.get(other, other)} (`{other}`) "
+                f"| {diff:+.1f} ({by_algo[head].iqm:.1f} vs {by_algo[other].iqm:.1f}) "
+                f"| {probability:.2f} [{low:.2f}, {high:.2f}] | {verdict} |"
+            )
     return lines
 
 
@@ -1281,7 +1391,7 @@ def suite_section(
         env_summaries = [summarize(algo, algo_runs, threshold) for algo, algo_runs in by_algo.items()]
         env_identical = frozenset(algo for identical_env, algo in identical if identical_env == env)
         summaries[env] = env_summaries
-        found[env] = improvements(env_summaries)
+        found[env] = improvements(env_summaries, SUITE_PAIRS.get(suite.name, ()))
         folder = figures / suite.name
         curves = folder / f"{env}.png"
         iqm_png, profile_png = (folder / f"{env}-{kind}.png" for kind in ("iqm", "profile"))
@@ -1399,6 +1509,10 @@ def build_report(
         "",
         *throughput_lines,
         "",
+        "### Speed bars (issue 22)",
+        "",
+        *speed_bars_section(throughput or []),
+        "",
         "## Targets",
         "",
     ]
@@ -1410,12 +1524,14 @@ def build_report(
             table = validation_section(suite.name, summaries[suite.name], found[suite.name], complete)
         elif suite.name in MASKED_SUITES:
             table = masked_targets_section(suite.name, summaries[suite.name], found[suite.name], complete)
+        elif suite.name in HEADS_SUITES:
+            table = heads_section(suite.name, summaries[suite.name], found[suite.name], complete)
         else:
             table = targets_section(suite.name, summaries[suite.name], ratios, identical_to_stock(suite.runs))
         lines += [f"### Suite `{suite.name}`", "", *table, ""]
     if yml is not None:
         # The ppo_ext.yml entries of the suites that train PPOExt (ppo_mask_ext.yml states its entries' sources).
-        ppo_ext_suites = [suite.name for suite in suites if suite.name not in MASKED_SUITES]
+        ppo_ext_suites = [suite.name for suite in suites if suite.name not in (*MASKED_SUITES, *HEADS_SUITES)]
         lines += ["## Tuning", "", *tuning_section(ppo_ext_suites, yml, studies), ""]
     gpu_note = gpu_note.strip() or "Not run: no CUDA machine was available when this report was built."
     lines += ["## GPU check", "", gpu_note, ""]

@@ -265,6 +265,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch-size", type=int, default=HYPERPARAMS["batch_size"])
     parser.add_argument("--n-epochs", type=int, default=HYPERPARAMS["n_epochs"])
     parser.add_argument(
+        "--variants", nargs="+", metavar="NAME", help="only these variants of the family (the reference always runs first)"
+    )
+    parser.add_argument(
         "--json", metavar="PATH", help="also write the measurements to PATH (read by scripts/benchmark_report.py)"
     )
     args = parser.parse_args(argv)
@@ -275,6 +278,12 @@ def main(argv: list[str] | None = None) -> dict:
         args.family, args.env, args.n_envs, normalize, hyperparams = WORKLOADS[args.workload]
 
     variants, policy, default_env = FAMILIES[args.family]
+    if args.variants:
+        unknown = sorted(set(args.variants) - set(variants))
+        if unknown:
+            parser.error(f"--variants: {unknown} not among {sorted(variants)}")
+        reference = next(iter(variants))
+        variants = {name: spec for name, spec in variants.items() if name == reference or name in args.variants}
     args.env = args.env or default_env
     cpu, wall = run(args.env, args.steps, args.n_envs, args.repeats, hyperparams, args.warmup, variants, policy, normalize)
     cpu_summary, wall_summary = summarize(cpu), summarize(wall)

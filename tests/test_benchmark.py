@@ -1059,3 +1059,32 @@ def test_masked_suite_trains_stock_ppo_at_the_shipped_masked_entry():
         next(spec for spec in specs if spec.algo == "ppo_mask_ext_kl" and spec.env == "Taxi-v4")
     )
     assert kl["clip_range"] == "None" and kl["kl_target"] == "0.01" and kl["n_envs"] == unmasked["n_envs"] == "8"
+
+
+def head_summary(algo, iqm):
+    return report.Summary(algo, [0], 1000, np.array([iqm]), iqm, (iqm - 10, iqm + 10), [], 1.0, 1.0, ("here",))
+
+
+def test_heads_section_judges_each_pair_by_its_probability_of_improvement():
+    summaries = {
+        "Pendulum-v1": [
+            head_summary("ppo_ext_gauss", -300.0),
+            head_summary("ppo_ext_clip", -200.0),
+            head_summary("ppo_ext_beta", -205.0),
+        ]
+    }
+    found = {
+        "Pendulum-v1": {
+            ("ppo_ext_clip", "ppo_ext_gauss"): (0.9, (0.7, 1.0)),
+            ("ppo_ext_beta", "ppo_ext_gauss"): (0.2, (0.6, 0.9)),
+            ("ppo_ext_beta", "ppo_ext_clip"): (0.45, (0.2, 0.7)),
+        }
+    }
+    lines = report.heads_section("heads", summaries, found, {"Pendulum-v1": True})
+    rows = {line.split(" | ")[1].split(" (")[0] + " / " + line.split(" | ")[2].split(" (")[0]: line for line in lines[2:]}
+    assert rows["squashed Gaussian / clipped Gaussian"].endswith("| better |")
+    assert "+100.0 (-200.0 vs -300.0)" in rows["squashed Gaussian / clipped Gaussian"]
+    assert rows["Beta / squashed Gaussian"].endswith("| not distinguishable |")
+    assert any("MountainCarContinuous-v0 | — | — | — | — | not measured yet" in line for line in lines)
+    incomplete = report.heads_section("heads", summaries, found, {"Pendulum-v1": False})
+    assert any("Pendulum-v1 | — |" in line and "runs incomplete" in line for line in incomplete)

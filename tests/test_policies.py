@@ -46,3 +46,49 @@ def test_forward_raises_for_a_non_finite_log_prob_and_leaves_torchs_checks_on():
     assert th.distributions.Distribution._validate_args is True  # restored after the raise
     actions, values, log_prob = model.policy(obs[:1])
     assert th.isfinite(log_prob).all() and actions.shape == (1, 1) and values.shape == (1, 1)
+
+
+def test_a_sb3_whose_squash_output_reads_another_attribute_is_an_error_at_construction(monkeypatch):
+    """SB3's collection rescales (not clips) when policy.squash_output is true; it must read what the head sets."""
+    from stable_baselines3.common.policies import BasePolicy
+
+    monkeypatch.setattr(BasePolicy, "squash_output", property(lambda self: getattr(self, "_squashes", False)))
+    with pytest.raises(RuntimeError, match="does not read the _squash_output attribute"):
+        PPOExt("MlpPolicy", "Pendulum-v1")
+    PPOExt("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(squash_output=False))  # nothing to rescale: fine
+
+
+def test_the_policies_live_in_policies_and_keep_their_old_import_paths():
+    from sb3_ppo_ext import maskable, policies, recurrent
+
+    for name in ("MaskablePPOExtPolicy", "MaskablePPOExtCnnPolicy", "MaskablePPOExtMultiInputPolicy"):
+        assert getattr(maskable, name) is getattr(policies, name) and getattr(policies, name).__module__ == policies.__name__
+    for name in (
+        "RecurrentPPOExtPolicy",
+        "RecurrentPPOExtCnnPolicy",
+        "RecurrentPPOExtMultiInputPolicy",
+        "SquashedActionsWarning",
+    ):
+        assert getattr(recurrent, name) is getattr(policies, name)
+    assert MaskablePPOExt.policy_aliases["MlpPolicy"] is policies.MaskablePPOExtPolicy
+    assert RecurrentPPOExt.policy_aliases["MlpLstmPolicy"] is policies.RecurrentPPOExtPolicy
+
+
+@pytest.mark.parametrize("protocol", [2, 4])
+def test_model_family_reads_the_policy_class_from_the_pickle_without_running_it(protocol):
+    """Files name their policy class in sb3_ppo_ext.policies now, in sb3_ppo_ext.maskable / .recurrent before."""
+    import base64
+    import pickle
+
+    from sb3_ppo_ext import policies
+    from sb3_ppo_ext.reliability import model_family
+
+    def data(cls, module=None):
+        serialized = base64.b64encode(pickle.dumps(cls, protocol=protocol)).decode()
+        return {"policy_class": {":serialized:": serialized, "__module__": module or cls.__module__}}
+
+    assert model_family(data(policies.MaskablePPOExtMultiInputPolicy)) == "MaskablePPO"
+    assert model_family(data(policies.RecurrentPPOExtCnnPolicy)) == "RecurrentPPO"
+    assert model_family(data(policies.MaskablePPOExtPolicy, module="sb3_ppo_ext.maskable")) == "MaskablePPO"  # older files
+    not_a_pickle = {"policy_class": {":serialized:": "not base64!", "__module__": "sb3_ppo_ext.policies"}}
+    assert model_family(not_a_pickle) == "unknown"

@@ -100,3 +100,28 @@ def test_upstream_tests_command_runs_whole_files_that_name_the_replaced_classes(
 def test_upstream_suites_pass_with_the_ext_classes():
     upstream = runpy.run_path(str(SCRIPTS / "upstream_tests.py"))
     assert upstream["main"](["--workers", "2"]) == 0
+
+
+def test_workload_measurement_and_the_speed_bars(tmp_path):
+    """--workload runs rl-zoo3's settings (normalize included); the report judges issue 22's bars by paired ratios."""
+    throughput = runpy.run_path(str(SCRIPTS / "throughput.py"))
+    report = runpy.run_path(str(SCRIPTS / "benchmark_report.py"))
+    path = tmp_path / "mc.json"
+    argv = ["--workload", "mountaincar", "--steps", "16", "--repeats", "1", "--warmup", "0"]
+    result = throughput["main"]([*argv, "--variants", "PPOExt, squash off", "--json", str(path)])
+    assert result["workload"] == "mountaincar" and result["normalize"] is True and result["n_envs"] == 1
+    assert list(result["variants"]) == ["stock PPO", "PPOExt, squash off"]
+    assert result["hyperparams"]["n_steps"] == 8 and result["hyperparams"]["use_sde"] is True
+    saved = json.loads(path.read_text())  # schedules and classes are written by name
+    lines = report["speed_bars_section"]([saved])
+    paired = saved["variants"]["PPOExt, squash off"]["median_of_paired_ratios"]
+    status = "met" if paired >= 1.0 else "**missed**"
+    assert any(
+        line.startswith(f"| mountaincar | PPOExt, squash off | ≥ 1.0 | {paired:.3f} |") and status in line for line in lines
+    )
+    assert "| hopper | PPOExt, squash off | ≥ 1.2 | not measured yet | — | — |" in lines
+    sections, _ = report["throughput_sections"]([saved])
+    assert any("`--workload mountaincar`" in line for line in sections)
+    assert any("python scripts/throughput.py --workload mountaincar --steps 16 --repeats 1" in line for line in sections)
+    with pytest.raises(SystemExit):
+        throughput["main"]([*argv, "--variants", "no such variant"])
