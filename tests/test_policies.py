@@ -36,6 +36,10 @@ def test_maskable_policy_builds_foreach_adam():
 
     model = MaskablePPOExt("MlpPolicy", InvalidActionEnvDiscrete(dim=4, n_invalid_actions=1), n_steps=16, batch_size=16)
     assert model.policy.optimizer.param_groups[0]["foreach"] is True
+    env = InvalidActionEnvDiscrete(dim=4, n_invalid_actions=1)
+    fast = MaskablePPOExt("MlpPolicy", env, n_steps=16, batch_size=16, policy_kwargs=dict(fast=True))
+    assert fast.policy.optimizer.param_groups[0]["fused"] is True and fast.policy.fast is True
+    fast.learn(32)
 
 
 def test_forward_raises_for_a_non_finite_log_prob_and_leaves_torchs_checks_on():
@@ -92,3 +96,22 @@ def test_model_family_reads_the_policy_class_from_the_pickle_without_running_it(
     assert model_family(data(policies.MaskablePPOExtPolicy, module="sb3_ppo_ext.maskable")) == "MaskablePPO"  # older files
     not_a_pickle = {"policy_class": {":serialized:": "not base64!", "__module__": "sb3_ppo_ext.policies"}}
     assert model_family(not_a_pickle) == "unknown"
+
+
+@pytest.mark.parametrize("cls, policy", [(PPOExt, "MlpPolicy"), (RecurrentPPOExt, "MlpLstmPolicy")])
+def test_fast_mode_runs_fused_adam_trains_close_to_the_default_and_is_saved(cls, policy, tmp_path):
+    """fast=True: fused Adam, the same updates to float rounding (not bit for bit), restored by load."""
+    trained = {}
+    for fast in (False, True):
+        model = cls(policy, make_vec_env("Pendulum-v1", n_envs=2, seed=0), n_steps=32, batch_size=32, n_epochs=2, seed=0,
+                    policy_kwargs=dict(fast=fast))  # fmt: skip
+        group = model.policy.optimizer.param_groups[0]
+        assert (group["fused"], group["foreach"]) == ((True, None) if fast else (None, True)) and group["eps"] == 1e-5
+        model.learn(128)
+        trained[fast] = model.policy.parameters_to_vector()
+    np.testing.assert_allclose(trained[True], trained[False], rtol=0, atol=1e-4)
+    model.save(tmp_path / "fast")
+    loaded = cls.load(tmp_path / "fast")
+    assert loaded.policy.fast is True and loaded.policy.optimizer.param_groups[0]["fused"] is True
+    with pytest.raises(ValueError, match="fast"):
+        cls(policy, "Pendulum-v1", policy_kwargs=dict(fast="yes"))
