@@ -779,6 +779,31 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
             )
         return super().forward(obs, lstm_states, episode_starts, deterministic)
 
+    def _sequence_pass(
+        self, features: th.Tensor, lstm_states: tuple[th.Tensor, th.Tensor], episode_starts: th.Tensor, lstm: nn.LSTM
+    ) -> tuple[th.Tensor, tuple[th.Tensor, th.Tensor]]:
+        """
+        The LSTM over a minibatch of padded sequences: upstream's ``_process_sequence`` or, in the fast mode,
+        one LSTM call over whole sequences.
+
+        Upstream steps through the sequences one step at a time whenever any of them starts an episode
+        (so nearly always in an update). The rollout buffer cuts sequences at episode starts, so an episode
+        can only start at a sequence's first step: the fast pass resets those sequences' initial states
+        and runs each sequence in one call; a sequence with a start further in (a buffer that does not cut
+        there) falls back to upstream's loop. The same function, to float rounding (the LSTM's matrix
+        products are batched over the steps), not bit for bit.
+        """
+        if not self.fast:
+            return self._process_sequence(features, lstm_states, episode_starts, lstm)
+        n_seq = lstm_states[0].shape[1]
+        sequences = features.reshape((n_seq, -1, lstm.input_size)).swapaxes(0, 1)  # (max length, n_seq, features)
+        starts = episode_starts.reshape((n_seq, -1)).swapaxes(0, 1)
+        if len(starts) > 1 and bool(starts[1:].any()):
+            return self._process_sequence(features, lstm_states, episode_starts, lstm)
+        keep = (1.0 - starts[0]).view(1, n_seq, 1)
+        output, states = lstm(sequences, (keep * lstm_states[0], keep * lstm_states[1]))
+        return th.flatten(output.transpose(0, 1), start_dim=0, end_dim=1), states
+
     def evaluate_actions_and_distribution(  # type: ignore[override]
         self,
         obs: PyTorchObs,
@@ -805,9 +830,9 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
             pi_features = vf_features = features
         else:
             pi_features, vf_features = features
-        latent_pi, _ = self._process_sequence(pi_features, lstm_states.pi, episode_starts, self.lstm_actor)
+        latent_pi, _ = self._sequence_pass(pi_features, lstm_states.pi, episode_starts, self.lstm_actor)
         if self.lstm_critic is not None:
-            latent_vf, _ = self._process_sequence(vf_features, lstm_states.vf, episode_starts, self.lstm_critic)
+            latent_vf, _ = self._sequence_pass(vf_features, lstm_states.vf, episode_starts, self.lstm_critic)
         elif self.shared_lstm:
             latent_vf = latent_pi.detach()
         else:

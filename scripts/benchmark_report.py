@@ -151,6 +151,10 @@ SPEED_BARS = {
     },
     ("masked", "MaskablePPOExt"): 1.15,
     ("recurrent", "RecurrentPPOExt, squash off"): 1.1,
+    # The fast mode (policy_kwargs=dict(fast=True)): not bit for bit.
+    ("hopper", "PPOExt, fast"): 1.4,
+    ("halfcheetah", "PPOExt, fast"): 1.4,
+    ("recurrent", "RecurrentPPOExt, fast"): 1.5,
 }
 FAMILY_TITLES = {
     "ppo": "PPOExt ÷ PPO",

@@ -61,6 +61,7 @@ VARIANTS = {
     "PPOExt, squash off": (PPOExt, dict(policy_kwargs=dict(squash_output=False))),
     "PPOExt, squash on": (PPOExt, dict()),
     "PPOExt, squash + value clip + adaptive KL": (PPOExt, PENALTY),
+    "PPOExt, fast": (PPOExt, dict(policy_kwargs=dict(squash_output=False, fast=True))),
 }
 # Per family: (variants, the first one being the reference; policy; default env)
 FAMILIES: dict[str, tuple[dict[str, tuple[type, dict]], str, str]] = {
@@ -80,6 +81,7 @@ FAMILIES: dict[str, tuple[dict[str, tuple[type, dict]], str, str]] = {
             "RecurrentPPOExt, squash off": (RecurrentPPOExt, dict(policy_kwargs=dict(squash_output=False))),
             "RecurrentPPOExt, squash on": (RecurrentPPOExt, dict()),
             "RecurrentPPOExt, squash + value clip + adaptive KL": (RecurrentPPOExt, PENALTY),
+            "RecurrentPPOExt, fast": (RecurrentPPOExt, dict(policy_kwargs=dict(squash_output=False, fast=True))),
         },
         "MlpLstmPolicy",
         "Pendulum-v1",

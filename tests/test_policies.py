@@ -115,3 +115,27 @@ def test_fast_mode_runs_fused_adam_trains_close_to_the_default_and_is_saved(cls,
     assert loaded.policy.fast is True and loaded.policy.optimizer.param_groups[0]["fused"] is True
     with pytest.raises(ValueError, match="fast"):
         cls(policy, "Pendulum-v1", policy_kwargs=dict(fast="yes"))
+
+
+def test_fast_sequence_pass_equals_upstreams_step_by_step_loop():
+    """RecurrentPPOExt's fast mode runs each padded sequence in one LSTM call: upstream's values to float rounding."""
+    env = make_vec_env("Pendulum-v1", n_envs=3, seed=0)
+    model = RecurrentPPOExt("MlpLstmPolicy", env, n_steps=64, batch_size=50, seed=0, policy_kwargs=dict(lstm_hidden_size=8))
+    model.learn(192)  # episodes of 200 steps: minibatches with episode starts inside and sequences of unequal length
+    policy = model.policy
+    compared = 0
+    for samples in model.rollout_buffer.get(50):
+        actions = samples.actions
+        policy.fast = False
+        slow = policy.evaluate_actions_and_distribution(
+            samples.observations, actions, samples.lstm_states, samples.episode_starts, False
+        )
+        policy.fast = True
+        fast = policy.evaluate_actions_and_distribution(
+            samples.observations, actions, samples.lstm_states, samples.episode_starts, False
+        )
+        valid = samples.mask > 1e-8
+        for got, want in zip(fast[:2], slow[:2], strict=True):
+            th.testing.assert_close(got.flatten()[valid], want.flatten()[valid], rtol=1e-5, atol=1e-5)
+        compared += int(samples.episode_starts.sum() > 0)
+    assert compared > 0  # some minibatch had a sequence that starts an episode (upstream's loop case)
