@@ -15,7 +15,7 @@ from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
 from sb3_contrib.common.recurrent.policies import RecurrentActorCriticPolicy
 from sb3_contrib.common.recurrent.type_aliases import RNNStates
 from stable_baselines3.common.distributions import Distribution
-from stable_baselines3.common.policies import ActorCriticPolicy
+from stable_baselines3.common.policies import ActorCriticPolicy, BasePolicy
 from stable_baselines3.common.preprocessing import get_action_dim
 from stable_baselines3.common.torch_layers import CombinedExtractor, NatureCNN
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
@@ -803,6 +803,22 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
         keep = (1.0 - starts[0]).view(1, n_seq, 1)
         output, states = lstm(sequences, (keep * lstm_states[0], keep * lstm_states[1]))
         return th.flatten(output.transpose(0, 1), start_dim=0, end_dim=1), states
+
+    def sequence_distribution(
+        self, obs: PyTorchObs, lstm_states: tuple[th.Tensor, th.Tensor], episode_starts: th.Tensor
+    ) -> Any:
+        """
+        Upstream's ``get_distribution`` on a minibatch of padded sequences, through :meth:`_sequence_pass`
+        (in the fast mode, one LSTM call per sequence): the actor's distribution, no random draw.
+
+        :param obs: observations of padded sequences
+        :param lstm_states: the actor LSTM's states at the start of each sequence
+        :param episode_starts: whether each observation starts an episode
+        :return: the action distribution
+        """
+        features = BasePolicy.extract_features(self, obs, self.pi_features_extractor)
+        latent_pi, _ = self._sequence_pass(features, lstm_states, episode_starts, self.lstm_actor)
+        return self._get_action_dist_from_latent(self.mlp_extractor.forward_actor(latent_pi))
 
     def evaluate_actions_and_distribution(  # type: ignore[override]
         self,

@@ -172,11 +172,8 @@ class RecurrentPPOExt(ModelFiles, ExtUpdateEngine, RecurrentPPO):
         return samples.mask > 1e-8
 
     def _samples_distribution(self, policy: Any, samples: Any) -> Any:
-        if getattr(policy, "fast", False):  # the fast mode's sequence pass (the policy's own evaluation)
-            actions = self._scored_actions(samples.actions)
-            return policy.evaluate_actions_and_distribution(
-                samples.observations, actions, samples.lstm_states, samples.episode_starts, entropy_requires_grad=False
-            )[3]
+        if getattr(policy, "fast", False):  # the fast mode's sequence pass
+            return policy.sequence_distribution(samples.observations, samples.lstm_states.pi, samples.episode_starts)
         return policy.get_distribution(samples.observations, samples.lstm_states.pi, samples.episode_starts)[0]
 
     def _flat_rollout_distributions(self) -> list[th.distributions.Distribution]:
