@@ -39,6 +39,7 @@ never blocks a restart. Worker processes exit when the benchmark process that st
     python scripts/benchmark.py --envs Pendulum-v1 --algos ppo ppo_ext_clip --seeds 2 --steps 20000
     python scripts/benchmark.py --suite tuned-1m --out docs/benchmarks/data-tuned-1m   # a tuned entry, fresh seeds
     python scripts/benchmark.py --suite heads --out docs/benchmarks/data-heads   # clipped, squashed, Beta head (issue 26)
+    python scripts/benchmark.py --suite fast --out docs/benchmarks/data-fast     # fast mode against the default (issue 22)
     python scripts/benchmark_report.py   # docs/BENCHMARKS.md from the results
 
 A tuned entry is validated as ``ppo_ext_tuned``: the entry for the env in ``--candidate FILE`` (a
@@ -122,6 +123,13 @@ ALGOS: dict[str, tuple[str, dict[str, Any], str]] = {
         {"policy_kwargs": {"activation_fn": "tanh"}},
         "PPOExt, squashed head + clip with tanh hidden activations (policy_kwargs.activation_fn: tanh)",
     ),
+    # Fast mode (issue 22): fused Adam (and for RecurrentPPOExt the LSTM over whole sequences); not bit for
+    # bit, so its learning curves are compared with the default's at 10 seeds ("fast" suite).
+    "ppo_ext_fast": (
+        "ppo_ext",
+        {"policy_kwargs": {"fast": True}},
+        "PPOExt, the shipped entry with fast mode on (policy_kwargs.fast: True)",
+    ),
     "ppo_ext_tuned": (
         "ppo_ext",
         {},
@@ -181,6 +189,9 @@ MASKED = ("ppo_unmasked", "ppo_mask_ext", "ppo_mask_ext_kl")
 HEADS = ("ppo_ext_gauss", "ppo_ext_clip", "ppo_ext_beta")
 HEADS_GSDE = (*HEADS, "ppo_ext_gauss_nosde", "ppo_ext_clip_nosde")
 
+# Fast mode against the default, the shipped entry otherwise (issue 22), 10 seeds on two tasks.
+FAST = ("ppo_ext_clip", "ppo_ext_fast")
+
 # The first suite (300k steps, issue 5) on a 2-core machine; "pendulum" is its first row alone.
 SUITE_300K = ("ppo", "ppo_ext_clip", "ppo_ext_kl", "ppo_ext_gauss")
 SUITES: dict[str, list[EnvBudget]] = {
@@ -204,6 +215,11 @@ SUITES: dict[str, list[EnvBudget]] = {
         # The shipped entry's own budget (20k steps; at n_steps 8 a 300k-step run costs ~8 CPU-minutes).
         EnvBudget("MountainCarContinuous-v0", 20_000, 10, 2_000, HEADS),
         EnvBudget("LunarLanderContinuous-v3", 300_000, 10, 20_000, HEADS),
+    ],
+    # Fast mode's learning curves against the default's (issue 22).
+    "fast": [
+        EnvBudget("Pendulum-v1", 100_000, 10, 10_000, FAST),
+        EnvBudget("LunarLanderContinuous-v3", 300_000, 10, 20_000, FAST),
     ],
     # Masking through the zoo (--algo ppo_mask_ext): evaluations of MaskablePPOExt are masked
     # (sb3_ppo_ext.envs.MaskedObservations), stock PPO's are its own greedy actions.
