@@ -95,18 +95,23 @@ class PiOldBuffer:
         Record the distribution of every step added while the context is open from ``policy``'s
         forward calls (a forward hook, removed on exit).
 
-        :param policy: the policy that collects the rollout (SB3's ``action_dist`` holds the
-            distribution of its last forward call)
+        :param policy: the policy that collects the rollout (its ``action_parameters`` hold the
+            distribution of a forward call that sampled without distribution objects; otherwise SB3's
+            ``action_dist`` holds the distribution of its last forward call)
         """
 
         def offer(module: th.nn.Module, args: Any, output: Any) -> None:
             self._offered = None
             if not (isinstance(output, tuple) and len(output) >= 3 and isinstance(output[2], th.Tensor)):
                 return
-            try:
-                kinds, tensors = distribution_parameters(torch_distributions(module.action_dist))  # type: ignore[arg-type]
-            except (AttributeError, NotImplementedError):
-                return
+            acted = getattr(module, "action_parameters", None)  # a step sampled without distribution objects
+            if acted is not None and acted[0] is output[2]:
+                kinds, tensors = acted[1], acted[2]
+            else:
+                try:
+                    kinds, tensors = distribution_parameters(torch_distributions(module.action_dist))  # type: ignore[arg-type]
+                except (AttributeError, NotImplementedError):
+                    return
             self._offered = (output[2], tensors if not th.is_grad_enabled() else tuple(t.detach() for t in tensors))
             if self.distribution_kinds is None:
                 self.distribution_kinds = kinds

@@ -26,6 +26,7 @@ from stable_baselines3.common.distributions import (
     Distribution,
     MultiCategoricalDistribution,
     StateDependentNoiseDistribution,
+    sum_independent_dims,
 )
 from torch import nn
 from torch.distributions import Bernoulli, Beta, Categorical, Gamma, Normal
@@ -59,6 +60,91 @@ def log_tanh_jacobian_sum(u: th.Tensor) -> th.Tensor:
     :return: ``sum_i log(1 - tanh(u_i)^2)``, shape ``u.shape[:-1]``
     """
     return (_TWO_LOG_TWO * u.shape[-1]) - 2.0 * th.logaddexp(u, -u).sum(dim=-1)
+
+
+def squashed_log_prob(actions: th.Tensor, loc: th.Tensor, scale: th.Tensor, log_half_range_sum: float) -> th.Tensor:
+    """
+    :meth:`TanhSquashedDistribution.log_prob` from the base Gaussian's parameters (what a rollout step
+    computes without building the distribution).
+
+    :param actions: pre-squash values ``u``
+    :param loc: the base Gaussian's mean
+    :param scale: the base Gaussian's standard deviation
+    :param log_half_range_sum: ``sum(log((high - low) / 2))`` over the action dimensions
+    :return: log-density of the environment action, summed over action dimensions
+    """
+    z = (actions - loc) / scale
+    per_dimension = th.addcmul(th.logaddexp(actions, -actions).mul(2.0) - scale.log(), z, z, value=-0.5)
+    constant = (_HALF_LOG_TWO_PI + _TWO_LOG_TWO) * actions.shape[-1] + log_half_range_sum
+    return per_dimension.sum(dim=-1) - constant
+
+
+# torch's constant in ``Normal.log_prob``, written as torch writes it (a different rounding would change bits).
+_LOG_SQRT_TWO_PI = math.log(math.sqrt(2 * math.pi))
+_HUGE_NEG_LOGIT = -1e8  # sb3-contrib's logit of a masked-out action (MaskableCategorical.apply_masking)
+
+
+def direct_gaussian(
+    mean: th.Tensor,
+    scale: th.Tensor,
+    deterministic: bool,
+    log_half_range_sum: float | None = None,
+    noise: th.Tensor | None = None,
+) -> tuple[th.Tensor, th.Tensor, tuple[th.Tensor, th.Tensor]]:
+    """
+    A rollout step of SB3's ``DiagGaussianDistribution`` or ``StateDependentNoiseDistribution`` (or
+    of the squashed head over either, with ``log_half_range_sum``) without distribution objects:
+    ``get_actions`` and ``log_prob`` as SB3 and torch compute them, the same operations in the same
+    order, so the same bits and the same random draws.
+
+    :param mean: the action head's output
+    :param scale: the Gaussian's standard deviation, as SB3's ``proba_distribution`` computes it
+    :param deterministic: the mean instead of a sample (SB3's ``mode``)
+    :param log_half_range_sum: the squashed head's constant; ``None`` for the unsquashed Gaussian
+    :param noise: gSDE's exploration noise (``get_noise`` of the latent); ``None``: a diagonal Gaussian's draw
+    :return: actions (pre-squash for the squashed head), their log-probability and the Gaussian's ``(loc, scale)``
+    """
+    if deterministic:
+        actions = mean
+    elif noise is not None:
+        actions = mean + noise
+    else:  # SB3 samples with ``rsample`` (reparametrised): torch draws a standard normal and moves it.
+        actions = mean + th.empty(mean.shape, dtype=mean.dtype, device=mean.device).normal_() * scale
+    if log_half_range_sum is not None:
+        log_prob = squashed_log_prob(actions, mean, scale, log_half_range_sum)
+    else:
+        log_prob = sum_independent_dims(-((actions - mean) ** 2) / (2 * scale**2) - scale.log() - _LOG_SQRT_TWO_PI)
+    return actions, log_prob, (mean, scale)
+
+
+def direct_categorical(
+    action_logits: th.Tensor, deterministic: bool, masks: th.Tensor | np.ndarray | None = None, masked: bool = False
+) -> tuple[th.Tensor, th.Tensor, tuple[th.Tensor]]:
+    """
+    A rollout step of SB3's ``CategoricalDistribution`` (``masked``: of sb3-contrib's
+    ``MaskableCategoricalDistribution``, with or without ``masks``) without distribution objects,
+    bit for bit as they compute it: torch's ``Categorical`` normalises its logits, and
+    ``MaskableCategorical`` normalises them again after masking (or, without masks, again as they are).
+
+    :param action_logits: the action head's output, shape ``(batch, n)``
+    :param deterministic: the most probable action instead of a sample (SB3's ``mode``)
+    :param masks: the masks of the valid actions (``masked`` only)
+    :param masked: the maskable distribution's steps
+    :return: actions (shape ``(batch,)``), their log-probability and the normalised logits
+    """
+    logits = action_logits - action_logits.logsumexp(dim=-1, keepdim=True)
+    if masked:
+        if masks is not None:
+            masks = th.as_tensor(masks, dtype=th.bool, device=logits.device).reshape(logits.shape)
+            logits = th.where(masks, logits, th.tensor(_HUGE_NEG_LOGIT, dtype=logits.dtype, device=logits.device))
+        logits = logits - logits.logsumexp(dim=-1, keepdim=True)
+    probs = F.softmax(logits, dim=-1)
+    if deterministic:
+        actions = th.argmax(probs, dim=1)
+    else:
+        actions = th.multinomial(probs.reshape(-1, probs.shape[-1]), 1, True).T.reshape(probs.shape[:-1])
+    log_prob = logits.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+    return actions, log_prob, (logits,)
 
 
 class TanhSquashedDistribution(Distribution):
@@ -117,10 +203,7 @@ class TanhSquashedDistribution(Distribution):
         # operations and without its argument validation (a host sync), on the hot path of every
         # rollout step and minibatch.
         normal: Normal = self.base.distribution
-        z = (actions - normal.loc) / normal.scale
-        per_dimension = th.addcmul(th.logaddexp(actions, -actions).mul(2.0) - normal.scale.log(), z, z, value=-0.5)
-        constant = (_HALF_LOG_TWO_PI + _TWO_LOG_TWO) * actions.shape[-1] + self.log_half_range_sum
-        return per_dimension.sum(dim=-1) - constant
+        return squashed_log_prob(actions, normal.loc, normal.scale, self.log_half_range_sum)
 
     def entropy(self) -> th.Tensor | None:
         if self.entropy_estimator == "sample":

@@ -11,10 +11,16 @@ from typing import Any
 import numpy as np
 import torch as th
 from gymnasium import spaces
+from sb3_contrib.common.maskable.distributions import MaskableCategoricalDistribution
 from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
 from sb3_contrib.common.recurrent.policies import RecurrentActorCriticPolicy
 from sb3_contrib.common.recurrent.type_aliases import RNNStates
-from stable_baselines3.common.distributions import Distribution
+from stable_baselines3.common.distributions import (
+    CategoricalDistribution,
+    DiagGaussianDistribution,
+    Distribution,
+    StateDependentNoiseDistribution,
+)
 from stable_baselines3.common.policies import ActorCriticPolicy, BasePolicy
 from stable_baselines3.common.preprocessing import get_action_dim
 from stable_baselines3.common.torch_layers import CombinedExtractor, NatureCNN
@@ -26,6 +32,8 @@ from sb3_ppo_ext.distributions import (
     ENTROPY_ESTIMATORS,
     BetaDistribution,
     TanhSquashedDistribution,
+    direct_categorical,
+    direct_gaussian,
     rescale_tanh64,
     unchecked_distributions,
 )
@@ -150,11 +158,26 @@ class CheckedForward:
     with torch's distribution checks (two to three tensor checks and host syncs per call) replaced by one:
     a non-finite log-probability of the sampled actions (NaN in the observations or the network) is a
     ``ValueError``, as torch's check makes it upstream. The same values, bit for bit.
+
+    Where a policy knows its head (:meth:`_direct_forward`), ``forward`` computes the step without SB3's
+    and torch's distribution objects (:func:`sb3_ppo_ext.distributions.direct_gaussian`,
+    :func:`~sb3_ppo_ext.distributions.direct_categorical`): the same operations on the same tensors, so
+    the same actions, values, log-probabilities and random draws; ``action_parameters`` then holds the
+    parameters of the distribution the actions were drawn from (``action_dist`` keeps the last one built
+    the usual way).
     """
 
+    #: ``(log_prob, kinds, tensors)`` of the last ``forward`` that sampled without distribution objects:
+    #: its log-probability tensor (by identity), then what :func:`sb3_ppo_ext.distributions.distribution_parameters`
+    #: would return for its distribution; ``None`` after any other ``forward``.
+    action_parameters: tuple[th.Tensor, tuple[str, ...], tuple[th.Tensor, ...]] | None = None
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        with unchecked_distributions():
-            output = super().forward(*args, **kwargs)  # type: ignore[misc]
+        output = self._direct_forward(*args, **kwargs)
+        if output is None:
+            self.action_parameters = None
+            with unchecked_distributions():
+                output = super().forward(*args, **kwargs)  # type: ignore[misc]
         # NaN and inf survive a sum (a few log-probabilities cannot overflow it): one tensor op and one host read.
         if not math.isfinite(float(output[2].sum())):
             raise ValueError(
@@ -163,6 +186,28 @@ class CheckedForward:
                 "their normalisation"
             )
         return output
+
+    def _direct_forward(self, *args: Any, **kwargs: Any) -> tuple[th.Tensor, th.Tensor, th.Tensor] | None:
+        """
+        The rollout step without distribution objects, or ``None`` where this policy's head has no such path
+        (then ``forward`` is upstream's). Subclasses that know their head override it.
+        """
+        return None
+
+    def _latents(self, obs: PyTorchObs) -> tuple[th.Tensor, th.Tensor]:
+        # Same steps as the start of upstream's ``forward`` and ``evaluate_actions``, which have no hook
+        # returning latents.
+        features = self.extract_features(obs)  # type: ignore[attr-defined]
+        if self.share_features_extractor:  # type: ignore[attr-defined]
+            return self.mlp_extractor(features)  # type: ignore[attr-defined]
+        pi_features, vf_features = features
+        return self.mlp_extractor.forward_actor(pi_features), self.mlp_extractor.forward_critic(vf_features)  # type: ignore[attr-defined]
+
+    def _acted(
+        self, actions: th.Tensor, values: th.Tensor, log_prob: th.Tensor, kind: str, parameters: tuple[th.Tensor, ...]
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        self.action_parameters = (log_prob, (kind,), parameters)
+        return actions.reshape((-1, *self.action_space.shape)), values, log_prob  # type: ignore[attr-defined]
 
 
 class NetworkLearningRates:
@@ -478,13 +523,65 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
             )
         return distribution
 
-    def _latents(self, obs: PyTorchObs) -> tuple[th.Tensor, th.Tensor]:
-        # Same steps as the start of SB3's ``evaluate_actions``, which has no hook returning latents.
-        features = self.extract_features(obs)
-        if self.share_features_extractor:
-            return self.mlp_extractor(features)
-        pi_features, vf_features = features
-        return self.mlp_extractor.forward_actor(pi_features), self.mlp_extractor.forward_critic(vf_features)
+    def _direct_forward(  # type: ignore[override]
+        self, obs: PyTorchObs, deterministic: bool = False
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor] | None:
+        """
+        Upstream's ``forward`` without distribution objects for the Gaussian heads (squashed or not, gSDE
+        or not) and the categorical head, where ``_get_action_dist_from_latent`` is this class's; ``None``
+        (upstream's ``forward``) for the Beta, MultiDiscrete and MultiBinary heads.
+        """
+        dist = self.action_dist  # the squashed head wraps it per call (_get_action_dist_from_latent)
+        gaussian = type(dist) is DiagGaussianDistribution
+        sde = type(dist) is StateDependentNoiseDistribution and dist.bijector is None and not self.state_dependent_std
+        categorical = type(dist) is CategoricalDistribution
+        if not (gaussian or sde or categorical) or (
+            type(self)._get_action_dist_from_latent is not PPOExtActorCriticPolicy._get_action_dist_from_latent
+        ):
+            return None
+        latent_pi, latent_vf = self._latents(obs)
+        values = self.value_net(latent_vf)
+        head = self.action_net(latent_pi)
+        if categorical:
+            actions, log_prob, logits = direct_categorical(head, deterministic)
+            return self._acted(actions, values, log_prob, "categorical", logits)
+        noise = None
+        if gaussian:  # DiagGaussianDistribution.proba_distribution
+            log_std = self._bounded_log_std(latent_pi) if self.state_dependent_std else self.log_std
+            scale = th.ones_like(head) * log_std.exp()
+        else:  # StateDependentNoiseDistribution.proba_distribution and sample
+            latent_sde = latent_pi if dist.learn_features else latent_pi.detach()  # type: ignore[attr-defined]
+            scale = th.sqrt(th.mm(latent_sde**2, dist.get_std(self.log_std) ** 2) + dist.epsilon)  # type: ignore[attr-defined]
+            noise = None if deterministic else dist.get_noise(latent_sde)  # type: ignore[attr-defined]
+        log_half_range_sum = self._log_half_range_sum if self.squash_output else None
+        actions, log_prob, parameters = direct_gaussian(head, scale, deterministic, log_half_range_sum, noise)
+        return self._acted(actions, values, log_prob, "normal", parameters)
+        dist = self.action_dist  # the squashed head wraps it per call (_get_action_dist_from_latent)
+        log_half_range_sum = self._log_half_range_sum if self.squash_output else None
+        if type(dist) is DiagGaussianDistribution:
+            latent_pi, latent_vf = self._latents(obs)
+            values = self.value_net(latent_vf)
+            log_std = self._bounded_log_std(latent_pi) if self.state_dependent_std else self.log_std
+            mean = self.action_net(latent_pi)
+            scale = th.ones_like(mean) * log_std.exp()  # DiagGaussianDistribution.proba_distribution
+            actions, log_prob, parameters = direct_gaussian(mean, scale, deterministic, log_half_range_sum)
+            return self._acted(actions, values, log_prob, "normal", parameters)
+        if type(dist) is StateDependentNoiseDistribution and dist.bijector is None and not self.state_dependent_std:
+            latent_pi, latent_vf = self._latents(obs)
+            values = self.value_net(latent_vf)
+            mean = self.action_net(latent_pi)
+            # StateDependentNoiseDistribution.proba_distribution and sample
+            latent_sde = latent_pi if dist.learn_features else latent_pi.detach()
+            scale = th.sqrt(th.mm(latent_sde**2, dist.get_std(self.log_std) ** 2) + dist.epsilon)
+            noise = None if deterministic else dist.get_noise(latent_sde)
+            actions, log_prob, parameters = direct_gaussian(mean, scale, deterministic, log_half_range_sum, noise)
+            return self._acted(actions, values, log_prob, "normal", parameters)
+        if type(dist) is CategoricalDistribution:
+            latent_pi, latent_vf = self._latents(obs)
+            values = self.value_net(latent_vf)
+            actions, log_prob, parameters = direct_categorical(self.action_net(latent_pi), deterministic)
+            return self._acted(actions, values, log_prob, "categorical", parameters)
+        return None
 
     def evaluate_actions_and_distribution(
         self, obs: PyTorchObs, actions: th.Tensor, entropy_requires_grad: bool = True
@@ -638,6 +735,26 @@ class MaskablePPOExtPolicy(CheckedForward, NetworkLearningRates, MaskableActorCr
         super().__init__(*args, **with_foreach_adam(kwargs, fused=self.fast))
         self._init_network_learning_rates(learning_rates)
 
+    def _direct_forward(  # type: ignore[override]
+        self, obs: PyTorchObs, deterministic: bool = False, action_masks: np.ndarray | None = None
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor] | None:
+        """
+        Upstream's ``forward`` without distribution objects for the masked categorical head (``Discrete``
+        actions), where ``_get_action_dist_from_latent`` is upstream's; ``None`` (upstream's ``forward``)
+        for ``MultiDiscrete`` and ``MultiBinary``.
+        """
+        if (
+            type(self.action_dist) is not MaskableCategoricalDistribution
+            or type(self)._get_action_dist_from_latent is not MaskableActorCriticPolicy._get_action_dist_from_latent
+        ):
+            return None
+        latent_pi, latent_vf = self._latents(obs)
+        values = self.value_net(latent_vf)
+        actions, log_prob, parameters = direct_categorical(
+            self.action_net(latent_pi), deterministic, action_masks, masked=True
+        )
+        return self._acted(actions, values, log_prob, "categorical", parameters)
+
     def evaluate_actions_and_distribution(
         self,
         obs: PyTorchObs,
@@ -657,13 +774,7 @@ class MaskablePPOExtPolicy(CheckedForward, NetworkLearningRates, MaskableActorCr
         :param entropy_requires_grad: ``False`` computes the entropy outside the autograd graph
         :return: estimated value, log likelihood of the actions, entropy and the distribution
         """
-        features = self.extract_features(obs)
-        if self.share_features_extractor:
-            latent_pi, latent_vf = self.mlp_extractor(features)
-        else:
-            pi_features, vf_features = features
-            latent_pi = self.mlp_extractor.forward_actor(pi_features)
-            latent_vf = self.mlp_extractor.forward_critic(vf_features)
+        latent_pi, latent_vf = self._latents(obs)
         distribution = self._get_action_dist_from_latent(latent_pi)
         if action_masks is not None:
             distribution.apply_masking(action_masks)
@@ -779,6 +890,9 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
                 stacklevel=2,
             )
         return super().forward(obs, lstm_states, episode_starts, deterministic)
+
+    def _direct_forward(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        return None  # the LSTM's forward (states in, states out) is upstream's
 
     def _sequence_pass(
         self, features: th.Tensor, lstm_states: tuple[th.Tensor, th.Tensor], episode_starts: th.Tensor, lstm: nn.LSTM

@@ -139,3 +139,92 @@ def test_fast_sequence_pass_equals_upstreams_step_by_step_loop():
             th.testing.assert_close(got.flatten()[valid], want.flatten()[valid], rtol=1e-5, atol=1e-5)
         compared += int(samples.episode_starts.sum() > 0)
     assert compared > 0  # some minibatch had a sequence that starts an episode (upstream's loop case)
+
+
+def _upstream_forward(policy, obs, deterministic, masks=None):
+    """The step through upstream's forward (SB3's or sb3-contrib's), with the distribution it builds."""
+    from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
+    from stable_baselines3.common.policies import ActorCriticPolicy
+
+    from sb3_ppo_ext.distributions import distribution_parameters, torch_distributions
+
+    with th.no_grad():
+        if masks is None and not isinstance(policy, MaskableActorCriticPolicy):
+            output = ActorCriticPolicy.forward(policy, obs, deterministic)
+        else:
+            output = MaskableActorCriticPolicy.forward(policy, obs, deterministic, action_masks=masks)
+    return output, distribution_parameters(torch_distributions(policy.action_dist))
+
+
+def _direct_and_upstream(model, obs, deterministic, masks=None):
+    kwargs = {} if masks is None else {"action_masks": masks}
+    th.manual_seed(7)
+    with th.no_grad():
+        direct = model.policy(obs, deterministic, **kwargs)
+    direct_state, acted = th.get_rng_state(), model.policy.action_parameters
+    th.manual_seed(7)
+    upstream, (kinds, tensors) = _upstream_forward(model.policy, obs, deterministic, masks)
+    assert acted is not None and acted[0] is direct[2], "forward did not take the direct path"
+    assert all(th.equal(a, b) and a.dtype == b.dtype for a, b in zip(direct, upstream, strict=True))
+    assert th.equal(direct_state, th.get_rng_state())  # the same random draws
+    assert acted[1] == kinds and all(th.equal(a, b) for a, b in zip(acted[2], tensors, strict=True))
+
+
+@pytest.mark.parametrize(
+    "env_id, policy_kwargs",
+    [
+        ("Pendulum-v1", dict(squash_output=False)),
+        ("Pendulum-v1", dict()),  # the squashed default
+        ("Pendulum-v1", dict(state_dependent_std=True)),
+        ("Pendulum-v1", dict(squash_output=False, state_dependent_std=True, log_std_init=-1.0)),
+        ("CartPole-v1", dict()),
+        ("Pendulum-v1", dict(use_sde=True)),  # gSDE under the squashed head
+        ("Pendulum-v1", dict(use_sde=True, squash_output=False)),
+        ("Pendulum-v1", dict(use_sde=True, squash_output=False, full_std=False, use_expln=True)),
+    ],
+    ids=[
+        "gaussian", "squashed", "squashed_state_std", "gaussian_state_std", "categorical", "sde_squashed", "sde",
+        "sde_expln",
+    ],
+)
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("n_envs", [1, 4])
+def test_forward_without_distribution_objects_is_upstreams_bit_for_bit(env_id, policy_kwargs, deterministic, n_envs):
+    """The direct rollout step: upstream's actions, values, log-probabilities, random draws and pi_old parameters."""
+    env = make_vec_env(env_id, n_envs=n_envs, seed=0)
+    policy_kwargs = dict(policy_kwargs)
+    use_sde = policy_kwargs.pop("use_sde", False)
+    model = PPOExt("MlpPolicy", env, policy_kwargs=policy_kwargs, use_sde=use_sde, seed=0)
+    with th.no_grad():  # a head whose outputs are not all zero: the comparison covers the arithmetic
+        for parameter in model.policy.parameters():
+            parameter.add_(0.3 * th.randn_like(parameter))
+    obs = th.as_tensor(env.reset(), dtype=th.float32)
+    _direct_and_upstream(model, obs, deterministic)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_maskable_forward_without_distribution_objects_is_upstreams_bit_for_bit(masked, deterministic):
+    from sb3_contrib.common.envs import InvalidActionEnvDiscrete
+
+    env = make_vec_env(lambda: InvalidActionEnvDiscrete(dim=6, n_invalid_actions=3), n_envs=3, seed=0)
+    model = MaskablePPOExt("MlpPolicy", env, seed=0)
+    obs = th.as_tensor(env.reset(), dtype=th.float32)
+    masks = np.stack(env.env_method("action_masks")) if masked else None
+    _direct_and_upstream(model, obs, deterministic, masks)
+
+
+def test_heads_without_a_direct_step_run_upstreams_forward():
+    """The Beta head, MultiDiscrete and the LSTM policies sample through upstream's distribution objects."""
+    from sb3_contrib.common.envs import InvalidActionEnvMultiDiscrete
+
+    cases = [
+        (PPOExt, "MlpPolicy", "Pendulum-v1", dict(policy_kwargs=dict(action_dist="beta"))),
+        (MaskablePPOExt, "MlpPolicy", InvalidActionEnvMultiDiscrete(dims=[3, 4], n_invalid_actions=2), dict()),
+        (RecurrentPPOExt, "MlpLstmPolicy", "CartPole-v1", dict()),
+    ]
+    for cls, policy, env_id, kwargs in cases:
+        model = cls(policy, env_id, n_steps=16, batch_size=16, **kwargs)
+        model.learn(16)
+        assert model.policy.action_parameters is None, (cls.__name__, kwargs)
+        assert model.rollout_buffer.carries_pi_old  # pi_old comes from action_dist instead
