@@ -110,7 +110,11 @@ HEAD_NAMES = {
     "ppo_ext_gauss_nosde": "clipped Gaussian, no gSDE",
     "ppo_ext_clip_nosde": "squashed Gaussian, no gSDE",
 }
+# Suites comparing fast mode with the default (judged by fast_section): same learning curves or not.
+FAST_SUITES = ("fast",)
+FAST_PAIR = ("ppo_ext_fast", "ppo_ext_clip")
 SUITE_PAIRS = {
+    "fast": (FAST_PAIR,),
     "heads": (
         ("ppo_ext_clip", "ppo_ext_gauss"),
         ("ppo_ext_beta", "ppo_ext_gauss"),
@@ -120,7 +124,7 @@ SUITE_PAIRS = {
         ("ppo_ext_beta", "ppo_ext_clip_nosde"),
         ("ppo_ext_gauss", "ppo_ext_gauss_nosde"),
         ("ppo_ext_clip", "ppo_ext_clip_nosde"),
-    )
+    ),
 }
 # Returns that mean "has learned the task": for Pendulum (no official threshold) a common choice,
 # LunarLander's official one. Hopper's 1000 turned out to be the level of the alive bonus (about 1 per step for 1000
@@ -498,17 +502,25 @@ def improvements(
     return {(algo, baseline): improvement_probability(finals[algo], finals[baseline]) for algo, baseline in pairs}
 
 
-def curve_band(runs: list[Run]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Timesteps, mean return across seeds and its 95 % bootstrap band, over the evaluations all seeds share."""
+def interquartile_mean(scores: np.ndarray, axis: int = -1) -> np.ndarray:
+    """rliable's IQM (``aggregate_iqm``: the 25 % trimmed mean) along ``axis``."""
+    return stats.trim_mean(scores, proportiontocut=0.25, axis=axis)
+
+
+def curve_band(runs: list[Run], statistic: Any = np.mean) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """
+    Timesteps, the statistic of the returns across seeds (default: the mean; :func:`interquartile_mean` for
+    the IQM) and its 95 % percentile-bootstrap band, over the evaluations all seeds share.
+    """
     length = min(len(run.returns) for run in runs)
     timesteps = np.median([run.timesteps[:length] for run in runs], axis=0)
     returns = np.array([run.returns[:length] for run in runs])  # seeds x evaluations
-    mean = returns.mean(axis=0)
+    mean = statistic(returns, axis=0)
     if len(runs) < 2:
         return timesteps, mean, mean, mean
     result = stats.bootstrap(
         (returns,),
-        np.mean,
+        statistic,
         axis=0,
         confidence_level=CONFIDENCE,
         n_resamples=N_RESAMPLES,
@@ -1073,6 +1085,50 @@ def heads_section(
     return lines
 
 
+def fast_section(
+    suite: SuiteResults,
+    summaries: dict[str, list[Summary]],
+    found: dict[str, dict[tuple[str, str], tuple[float, tuple[float, float]]]],
+    complete: dict[str, bool],
+) -> list[str]:
+    """
+    The fast suite's question, per env: does fast mode (``policy_kwargs=dict(fast=True)``, not bit for bit)
+    learn like the default? Compared as rliable would: the IQM of the final returns with its 95 %
+    stratified-bootstrap CI for each, the probability that a fast run beats a default one, and the learning
+    curves evaluation by evaluation (the IQM's 95 % percentile-bootstrap CIs of the two at each evaluation
+    all the seeds reached; one task, so rliable's stratified bootstrap is this one).
+    "Same learning curves" when the two CIs overlap at every evaluation and the CI of the probability of
+    improvement contains 0.5.
+
+    :param complete: by env, whether its runs cover the suite's budget
+    """
+    fast, default = FAST_PAIR
+    lines = [
+        "| env | seeds | default IQM [95 % CI] | fast IQM [95 % CI] | P(fast > default) [95 % CI] "
+        "| evaluations whose IQM CIs overlap | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for budget in SUITES[suite.name]:
+        env = budget.env
+        by_algo = {s.algo: s for s in summaries.get(env, [])}
+        runs = suite.runs.get(env, {})
+        if not complete.get(env) or (fast, default) not in found.get(env, {}):
+            lines.append(f"| {env} | — | — | — | — | — | not measured yet |")
+            continue
+        length = min(len(run.returns) for algo in FAST_PAIR for run in runs[algo])
+        (_, _, fast_low, fast_high), (_, _, low, high) = (curve_band(runs[algo], interquartile_mean) for algo in FAST_PAIR)
+        overlapping = int(np.sum((fast_low[:length] <= high[:length]) & (low[:length] <= fast_high[:length])))
+        probability, (p_low, p_high) = found[env][(fast, default)]
+        same = overlapping == length and p_low <= 0.5 <= p_high
+        a, b = by_algo[default], by_algo[fast]
+        lines.append(
+            f"| {env} | {len(a.seeds)} + {len(b.seeds)} | {a.iqm:.1f} [{a.ci[0]:.1f}, {a.ci[1]:.1f}] "
+            f"| {b.iqm:.1f} [{b.ci[0]:.1f}, {b.ci[1]:.1f}] | {probability:.2f} [{p_low:.2f}, {p_high:.2f}] "
+            f"| {overlapping} of {length} | {'same learning curves' if same else '**different**'} |"
+        )
+    return lines
+
+
 def validation_section(
     suite: str,
     summaries: dict[str, list[Summary]],
@@ -1536,12 +1592,14 @@ def build_report(
             table = masked_targets_section(suite.name, summaries[suite.name], found[suite.name], complete)
         elif suite.name in HEADS_SUITES:
             table = heads_section(suite.name, summaries[suite.name], found[suite.name], complete)
+        elif suite.name in FAST_SUITES:
+            table = fast_section(suite, summaries[suite.name], found[suite.name], complete)
         else:
             table = targets_section(suite.name, summaries[suite.name], ratios, identical_to_stock(suite.runs))
         lines += [f"### Suite `{suite.name}`", "", *table, ""]
     if yml is not None:
         # The ppo_ext.yml entries of the suites that train PPOExt (ppo_mask_ext.yml states its entries' sources).
-        ppo_ext_suites = [suite.name for suite in suites if suite.name not in (*MASKED_SUITES, *HEADS_SUITES)]
+        ppo_ext_suites = [suite.name for suite in suites if suite.name not in (*MASKED_SUITES, *HEADS_SUITES, *FAST_SUITES)]
         lines += ["## Tuning", "", *tuning_section(ppo_ext_suites, yml, studies), ""]
     gpu_note = gpu_note.strip() or "Not run: no CUDA machine was available when this report was built."
     lines += ["## GPU check", "", gpu_note, ""]

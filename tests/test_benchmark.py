@@ -1088,3 +1088,53 @@ def test_heads_section_judges_each_pair_by_its_probability_of_improvement():
     assert any("MountainCarContinuous-v0 | — | — | — | — | not measured yet" in line for line in lines)
     incomplete = report.heads_section("heads", summaries, found, {"Pendulum-v1": False})
     assert any("Pendulum-v1 | — |" in line and "runs incomplete" in line for line in incomplete)
+
+
+def test_fast_suite_runs_fast_mode_beside_the_shipped_entry_on_the_same_seeds():
+    specs = benchmark.build_matrix(benchmark.parse_args(["--suite", "fast"]))
+    assert {spec.env for spec in specs} == {"Pendulum-v1", "LunarLanderContinuous-v3"}
+    for env in ("Pendulum-v1", "LunarLanderContinuous-v3"):
+        by_algo: dict[str, list] = {}
+        for spec in specs:
+            if spec.env == env:
+                by_algo.setdefault(spec.algo, []).append((spec.seed, spec.steps, spec.eval_freq))
+        assert set(by_algo) == {"ppo_ext_clip", "ppo_ext_fast"} and len({tuple(r) for r in by_algo.values()}) == 1
+        assert len(by_algo["ppo_ext_fast"]) == 10
+    assert benchmark._zoo_overrides("Pendulum-v1", benchmark.ALGOS["ppo_ext_fast"][1])["policy_kwargs"]["fast"] is True
+
+
+def _curve_runs(algo, finals, curve_offset=0.0):
+    return [
+        report.Run(
+            "Pendulum-v1",
+            algo,
+            seed,
+            np.array([1000, 2000]),
+            np.array([-900.0 + curve_offset + seed, final]),
+            {"timesteps": 2000, "total_wall_time_s": 1.0, "env_steps_per_s": 1.0},
+            Path("."),
+        )
+        for seed, final in enumerate(finals)
+    ]
+
+
+@pytest.mark.parametrize(
+    "offset, verdict, overlapping", [(0.0, "same learning curves", "2 of 2"), (500.0, "**different**", "1 of 2")]
+)
+def test_fast_section_compares_the_final_iqms_and_every_evaluation_of_the_curves(offset, verdict, overlapping):
+    finals = [-200.0, -180.0, -160.0, -150.0, -140.0]
+    runs = {"ppo_ext_clip": _curve_runs("ppo_ext_clip", finals), "ppo_ext_fast": _curve_runs("ppo_ext_fast", finals, offset)}
+    suite = report.SuiteResults("fast", Path("."), {"Pendulum-v1": runs})
+    summaries = {"Pendulum-v1": [report.summarize(algo, r, -200.0) for algo, r in runs.items()]}
+    found = {"Pendulum-v1": {("ppo_ext_fast", "ppo_ext_clip"): (0.5, (0.2, 0.8))}}
+    lines = report.fast_section(suite, summaries, found, {"Pendulum-v1": True})
+    (row,) = [line for line in lines if line.startswith("| Pendulum-v1")]
+    assert row.endswith(f"| {overlapping} | {verdict} |") and "| 5 + 5 |" in row and "0.50 [0.20, 0.80]" in row
+    assert any("LunarLanderContinuous-v3 | — |" in line and "not measured yet" in line for line in lines)
+
+
+def test_interquartile_mean_is_rliables_iqm():
+    from rliable import metrics
+
+    scores = np.array([[-900.0, 3.0, 7.5, 1.0, -2.0, 40.0, 11.0, 0.5]]).T  # runs x 1 task, as rliable takes them
+    assert report.interquartile_mean(scores[:, 0]) == pytest.approx(metrics.aggregate_iqm(scores))
