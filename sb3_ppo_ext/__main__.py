@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
+from typing import Any, cast
 
 import torch as th
 from stable_baselines3.common.env_util import make_vec_env
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> float:
         f"PPOExt on {args.env}: {n_timesteps} steps in {elapsed:.0f} s; "
         f"evaluation return over {args.eval_episodes} episodes: {mean_return:.1f} +/- {std_return:.1f}"
     )
-    return float(mean_return)
+    return float(cast(float, mean_return))  # one evaluation: a number, not the per-episode list
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ rollout incomplete (:attr:`PiOldBuffer.carries_pi_old` is false) and the update 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -49,7 +49,7 @@ from sb3_ppo_ext.distributions import distribution_parameters, torch_distributio
 def _with_old_distribution(samples_class: type) -> type:
     """A ``NamedTuple`` class with the fields of ``samples_class`` and ``old_distribution`` last."""
     fields = [(name, Any) for name in samples_class._fields]  # type: ignore[attr-defined]
-    return NamedTuple(f"PiOld{samples_class.__name__}", [*fields, ("old_distribution", Any)])  # type: ignore[misc]
+    return NamedTuple(f"PiOld{samples_class.__name__}", [*fields, ("old_distribution", Any)])  # type: ignore[return-value]
 
 
 # The samples of each buffer below: upstream's fields, then ``old_distribution`` (a tuple of parameter
@@ -154,7 +154,7 @@ class PiOldBuffer:
         """Whether every step of the (full) rollout was added with the distribution it was sampled from."""
         return bool(self.full and self._complete and self.distribution_kinds is not None and self._filed.all())
 
-    def get(self, batch_size: int | None = None) -> Iterator[Any]:
+    def get(self, batch_size: int | None = None) -> Generator[Any, None, None]:
         """Upstream's ``get``, with the stored distribution parameters flattened like the rest of the rollout."""
         if not self.generator_ready:
             self.old_distribution = [self.swap_and_flatten(array) for array in self.old_distribution]  # type: ignore[attr-defined]
@@ -283,13 +283,13 @@ class PiOldDictRolloutBuffer(_SB3Fields, PiOldBuffer, DictRolloutBuffer):
     samples_class = PiOldDictRolloutBufferSamples
 
 
-class PiOldMaskableRolloutBuffer(_MaskableFields, PiOldBuffer, MaskableRolloutBuffer):
+class PiOldMaskableRolloutBuffer(_MaskableFields, PiOldBuffer, MaskableRolloutBuffer):  # type: ignore[misc]  # upstream's add takes *args
     """sb3-contrib's ``MaskableRolloutBuffer`` carrying ``pi_old`` (see :class:`PiOldBuffer`)."""
 
     samples_class = PiOldMaskableRolloutBufferSamples
 
 
-class PiOldMaskableDictRolloutBuffer(_MaskableFields, PiOldBuffer, MaskableDictRolloutBuffer):
+class PiOldMaskableDictRolloutBuffer(_MaskableFields, PiOldBuffer, MaskableDictRolloutBuffer):  # type: ignore[misc]  # upstream's add takes *args
     """sb3-contrib's ``MaskableDictRolloutBuffer`` carrying ``pi_old`` (see :class:`PiOldBuffer`)."""
 
     samples_class = PiOldMaskableDictRolloutBufferSamples
@@ -322,13 +322,13 @@ class _RecurrentPiOld(PiOldBuffer):
         yield self._get_samples(np.arange(self.buffer_size * self.n_envs), self.swap_and_flatten(env_change))  # type: ignore[attr-defined]
 
 
-class PiOldRecurrentRolloutBuffer(_RecurrentPiOld, RecurrentRolloutBuffer):
+class PiOldRecurrentRolloutBuffer(_RecurrentPiOld, RecurrentRolloutBuffer):  # type: ignore[misc]  # upstream's add and _get_samples differ from its bases'
     """sb3-contrib's ``RecurrentRolloutBuffer`` carrying ``pi_old`` (see :class:`PiOldBuffer`)."""
 
     samples_class = PiOldRecurrentRolloutBufferSamples
 
 
-class PiOldRecurrentDictRolloutBuffer(_RecurrentPiOld, RecurrentDictRolloutBuffer):
+class PiOldRecurrentDictRolloutBuffer(_RecurrentPiOld, RecurrentDictRolloutBuffer):  # type: ignore[misc]  # upstream's add and _get_samples differ from its bases'
     """sb3-contrib's ``RecurrentDictRolloutBuffer`` carrying ``pi_old`` (see :class:`PiOldBuffer`)."""
 
     samples_class = PiOldRecurrentDictRolloutBufferSamples

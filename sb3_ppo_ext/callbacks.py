@@ -196,7 +196,8 @@ class KLAdaptiveLR(_AfterUpdateCallback):
             update_learning_rate(self.model.policy.optimizer, learning_rate)
             return
         rates = {"pi": learning_rate, "vf": learning_rate * self._vf_ratio}
-        self.model.policy.replace_learning_rates(rates)
+        policy: Any = self.model.policy  # a policy of this package (it has learning_rate_schedules)
+        policy.replace_learning_rates(rates)
         # What save/load rebuilds the policy from (a new dict: the caller's policy_kwargs stay as given).
         self.model.policy_kwargs = {**self.model.policy_kwargs, "learning_rates": rates}
 
@@ -323,10 +324,11 @@ class ParameterScheduler(BaseCallback):
                 raise ValueError(
                     f"schedules[{name!r}] is invalid: {type(self.model).__name__}.{name}={current!r} is not numeric"
                 )
-            if name == "kl_coef" and getattr(self.model, "kl_target", None) is not None:
+            kl_target = getattr(self.model, "kl_target", None)
+            if name == "kl_coef" and kl_target is not None:
                 # A fixed beta is kl_coef (each update uses the scheduled value); an adaptive one only starts there.
                 raise InvalidSettingError(
-                    f"schedules['kl_coef'] is invalid with kl_target={self.model.kl_target!r}: kl_coef is only the "
+                    f"schedules['kl_coef'] is invalid with kl_target={kl_target!r}: kl_coef is only the "
                     "initial beta of the adaptive penalty, which then adapts; schedule kl_target instead, or use a "
                     "fixed beta (kl_target=None), whose beta is kl_coef"
                 )

@@ -15,6 +15,7 @@ finite, and ``log x = -softplus(-u)``, ``log(1 - x) = -softplus(u)`` are exact f
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 import torch as th
@@ -254,6 +255,8 @@ class BetaDistribution(Distribution):
     :param log_range_sum: ``sum(log(high - low))`` over the action dimensions of non-zero width
     """
 
+    distribution: Beta  # set by proba_distribution
+
     def __init__(self, action_dim: int, log_range_sum: float = 0.0):
         super().__init__()
         self.action_dim = action_dim
@@ -261,11 +264,11 @@ class BetaDistribution(Distribution):
         self.alpha_minus_one: th.Tensor | None = None
         self.beta_minus_one: th.Tensor | None = None
 
-    def proba_distribution_net(self, latent_dim: int) -> nn.Module:  # type: ignore[override]
+    def proba_distribution_net(self, latent_dim: int) -> nn.Module:
         """One linear layer giving ``(z_alpha, z_beta)``, ``2 * action_dim`` outputs."""
         return nn.Linear(latent_dim, 2 * self.action_dim)
 
-    def proba_distribution(self, params: th.Tensor) -> BetaDistribution:  # type: ignore[override]
+    def proba_distribution(self, params: th.Tensor) -> BetaDistribution:
         """
         :param params: the head's output ``(z_alpha, z_beta)``, shape ``(batch, 2 * action_dim)``
         :return: self, parametrised
@@ -312,11 +315,11 @@ class BetaDistribution(Distribution):
         tiny = th.finfo(self.alpha_minus_one.dtype).tiny
         return self.alpha_minus_one.clamp_min(tiny).log() - self.beta_minus_one.clamp_min(tiny).log()
 
-    def actions_from_params(self, params: th.Tensor, deterministic: bool = False) -> th.Tensor:  # type: ignore[override]
+    def actions_from_params(self, params: th.Tensor, deterministic: bool = False) -> th.Tensor:
         self.proba_distribution(params)
         return self.get_actions(deterministic=deterministic)
 
-    def log_prob_from_params(self, params: th.Tensor) -> tuple[th.Tensor, th.Tensor]:  # type: ignore[override]
+    def log_prob_from_params(self, params: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
         actions = self.actions_from_params(params)
         return actions, self.log_prob(actions)
 
@@ -371,7 +374,7 @@ def torch_distributions(dist: Distribution) -> list[th.distributions.Distributio
             BetaDistribution,
         ),
     ):
-        return [dist.distribution]
+        return [cast(th.distributions.Distribution, dist.distribution)]  # one torch distribution for these classes
     raise NotImplementedError(f"No analytic KL for {type(dist).__name__}")
 
 

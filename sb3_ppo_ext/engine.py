@@ -30,7 +30,7 @@ import copy
 import inspect
 import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -183,8 +183,13 @@ class ExtUpdateEngine:
 
     # Attributes of the host algorithm, declared for type checkers.
     policy: Any
+    policy_class: Any
+    policy_kwargs: dict[str, Any]
     rollout_buffer: Any
+    observation_space: spaces.Space
     action_space: spaces.Space
+    n_envs: int
+    n_steps: int
     device: th.device
     clip_range: Any
     clip_range_vf: Any
@@ -721,7 +726,7 @@ class ExtUpdateEngine:
         terms["loss"] = loss
         return terms
 
-    def _minibatches(self, with_old: bool = False, frozen_policy: Any = None) -> Iterator[Minibatch]:
+    def _minibatches(self, with_old: bool = False, frozen_policy: Any = None) -> Generator[Minibatch, None, None]:
         """
         One epoch's minibatches: the buffer's own ``get(batch_size)``, with their valid samples and,
         with ``with_old``, ``pi_old`` on them: the parameters the samples carry or, with
@@ -818,7 +823,9 @@ class ExtUpdateEngine:
 
         # pi_new on every sample: the analytic KL(pi_old || pi_new) of this update.
         new_distributions, carried_old = self._rollout_distributions(with_old=carried)
-        kl = analytic_kl(carried_old if carried else old_distributions, new_distributions)
+        old = carried_old if carried else old_distributions
+        assert old is not None  # carried: from the buffer; otherwise recomputed before the epochs
+        kl = analytic_kl(old, new_distributions)
         mean_kl = float(kl.mean().item())
         if self.uses_kl_penalty and self.kl_target is not None:
             self.current_kl_coef = losses.adapt_kl_coef(

@@ -62,7 +62,7 @@ class ModelFiles:
             super().save(file, exclude=exclude, include=include)  # type: ignore[misc]
 
     @classmethod
-    def load(  # type: ignore[override]
+    def load(
         cls,
         path: str | pathlib.Path | io.BufferedIOBase,
         env: GymEnv | None = None,

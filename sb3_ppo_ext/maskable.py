@@ -108,10 +108,10 @@ def observation_rows(observation: Any, observation_space: spaces.Space) -> int:
     if isinstance(observation, dict) and isinstance(observation_space, spaces.Dict):
         key = next(iter(observation))
         observation, observation_space = observation[key], observation_space[key]
-    return max(1, np.size(observation) // max(1, int(np.prod(observation_space.shape))))
+    return max(1, np.size(observation) // max(1, int(np.prod(observation_space.shape or ()))))
 
 
-class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):
+class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[misc]  # upstream: batch_size int | None
     """
     sb3-contrib's ``MaskablePPO`` (invalid-action masking; Discrete, MultiDiscrete and MultiBinary
     actions) with PPOExt's extensions: the KL penalty of PPO1 (analytic KL between the *masked*
@@ -262,7 +262,7 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):
 
     # ---- masks ----------------------------------------------------------------------------------
 
-    def _collect_rollouts(  # type: ignore[override]
+    def _collect_rollouts(
         self,
         env: VecEnv,
         callback: BaseCallback,
@@ -290,7 +290,7 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):
         finally:
             handle.remove()
 
-    def predict(  # type: ignore[override]
+    def predict(
         self,
         observation: np.ndarray | dict[str, np.ndarray],
         state: tuple[np.ndarray, ...] | None = None,

@@ -6,7 +6,7 @@ import contextlib
 import math
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch as th
@@ -239,7 +239,7 @@ class NetworkLearningRates:
             {"params": parameters[network], "lr": self.learning_rate_schedules[network](1), "network": network}
             for network in NETWORKS
         ]
-        self.optimizer = self.optimizer_class(groups, **self.optimizer_kwargs)  # type: ignore[call-arg]
+        self.optimizer = self.optimizer_class(groups, **self.optimizer_kwargs)
 
     fast: bool = False
 
@@ -511,7 +511,7 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         if isinstance(self.action_dist, BetaDistribution):
             return self.action_dist.proba_distribution(self.action_net(latent_pi))
         if self.state_dependent_std:
-            distribution = self.action_dist.proba_distribution(self.action_net(latent_pi), self._bounded_log_std(latent_pi))  # type: ignore[call-arg]
+            distribution = self.action_dist.proba_distribution(self.action_net(latent_pi), self._bounded_log_std(latent_pi))
         else:
             distribution = super()._get_action_dist_from_latent(latent_pi)
         if self.squash_output:
@@ -523,9 +523,7 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
             )
         return distribution
 
-    def _direct_forward(  # type: ignore[override]
-        self, obs: PyTorchObs, deterministic: bool = False
-    ) -> tuple[th.Tensor, th.Tensor, th.Tensor] | None:
+    def _direct_forward(self, obs: PyTorchObs, deterministic: bool = False) -> tuple[th.Tensor, th.Tensor, th.Tensor] | None:
         """
         Upstream's ``forward`` without distribution objects for the Gaussian heads (squashed or not, gSDE
         or not) and the categorical head, where ``_get_action_dist_from_latent`` is this class's; ``None``
@@ -735,7 +733,7 @@ class MaskablePPOExtPolicy(CheckedForward, NetworkLearningRates, MaskableActorCr
         super().__init__(*args, **with_foreach_adam(kwargs, fused=self.fast))
         self._init_network_learning_rates(learning_rates)
 
-    def _direct_forward(  # type: ignore[override]
+    def _direct_forward(
         self, obs: PyTorchObs, deterministic: bool = False, action_masks: np.ndarray | None = None
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor] | None:
         """
@@ -761,7 +759,7 @@ class MaskablePPOExtPolicy(CheckedForward, NetworkLearningRates, MaskableActorCr
         actions: th.Tensor,
         action_masks: th.Tensor | None = None,
         entropy_requires_grad: bool = True,
-    ) -> tuple[th.Tensor, th.Tensor, th.Tensor, Any]:
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Any]:
         """
         ``evaluate_actions`` that also returns the masked distribution.
 
@@ -891,7 +889,7 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
             )
         return super().forward(obs, lstm_states, episode_starts, deterministic)
 
-    def _direct_forward(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def _direct_forward(self, *args: Any, **kwargs: Any) -> None:
         return None  # the LSTM's forward (states in, states out) is upstream's
 
     def _sequence_pass(
@@ -908,13 +906,13 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
         there) falls back to upstream's loop. The same function, to float rounding (the LSTM's matrix
         products are batched over the steps), not bit for bit.
         """
-        if not self.fast:
-            return self._process_sequence(features, lstm_states, episode_starts, lstm)
+        if not self.fast:  # sb3-contrib annotates the returned states as one tensor: they are (h, c)
+            return self._process_sequence(features, lstm_states, episode_starts, lstm)  # type: ignore[return-value]
         n_seq = lstm_states[0].shape[1]
         sequences = features.reshape((n_seq, -1, lstm.input_size)).swapaxes(0, 1)  # (max length, n_seq, features)
         starts = episode_starts.reshape((n_seq, -1)).swapaxes(0, 1)
         if len(starts) > 1 and bool(starts[1:].any()):
-            return self._process_sequence(features, lstm_states, episode_starts, lstm)
+            return self._process_sequence(features, lstm_states, episode_starts, lstm)  # type: ignore[return-value]
         keep = (1.0 - starts[0]).view(1, n_seq, 1)
         output, states = lstm(sequences, (keep * lstm_states[0], keep * lstm_states[1]))
         return th.flatten(output.transpose(0, 1), start_dim=0, end_dim=1), states
@@ -958,16 +956,21 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
         """
         features = self.extract_features(obs)
         if self.share_features_extractor:
-            pi_features = vf_features = features
+            pi_features = vf_features = cast(th.Tensor, features)
         else:
             pi_features, vf_features = features
-        latent_pi, _ = self._sequence_pass(pi_features, lstm_states.pi, episode_starts, self.lstm_actor)
+        # RNNStates annotates each LSTM's states as a tuple of any length: they are (h, c).
+        pi_states, vf_states = (
+            cast(tuple[th.Tensor, th.Tensor], lstm_states.pi),
+            cast(tuple[th.Tensor, th.Tensor], lstm_states.vf),
+        )
+        latent_pi, _ = self._sequence_pass(pi_features, pi_states, episode_starts, self.lstm_actor)
         if self.lstm_critic is not None:
-            latent_vf, _ = self._sequence_pass(vf_features, lstm_states.vf, episode_starts, self.lstm_critic)
+            latent_vf, _ = self._sequence_pass(vf_features, vf_states, episode_starts, self.lstm_critic)
         elif self.shared_lstm:
             latent_vf = latent_pi.detach()
         else:
-            latent_vf = self.critic(vf_features)
+            latent_vf = self.critic(vf_features)  # type: ignore[misc]  # sb3-contrib types critic as None when an LSTM serves it
         latent_pi = self.mlp_extractor.forward_actor(latent_pi)
         latent_vf = self.mlp_extractor.forward_critic(latent_vf)
         distribution = self._get_action_dist_from_latent(latent_pi)

@@ -33,7 +33,7 @@ from sb3_ppo_ext.policies import (
 SelfRecurrentPPOExt = TypeVar("SelfRecurrentPPOExt", bound="RecurrentPPOExt")
 
 
-class RecurrentPPOExt(ModelFiles, ExtUpdateEngine, RecurrentPPO):
+class RecurrentPPOExt(ModelFiles, ExtUpdateEngine, RecurrentPPO):  # type: ignore[misc]  # upstream: batch_size int | None
     """
     sb3-contrib's ``RecurrentPPO`` (LSTM policies) with PPOExt's extensions: the exact squashed
     Gaussian head on by default for ``Box`` actions (the pre-squash sample is stored, so the ratio is
@@ -203,7 +203,7 @@ class RecurrentPPOExt(ModelFiles, ExtUpdateEngine, RecurrentPPO):
 
     # ---- collection -----------------------------------------------------------------------------
 
-    def _collect_rollouts(  # type: ignore[override]
+    def _collect_rollouts(
         self,
         env: VecEnv,
         callback: BaseCallback,
@@ -286,20 +286,20 @@ class RecurrentPPOExt(ModelFiles, ExtUpdateEngine, RecurrentPPO):
                         terminal_value = self.policy.predict_values(terminal_obs, terminal_lstm_state, episode_starts)[0]
                     rewards[idx] += self.gamma * terminal_value
             rollout_buffer.add(
-                self._last_obs,  # type: ignore[arg-type]
+                self._last_obs,
                 actions,
                 rewards,
-                self._last_episode_starts,  # type: ignore[arg-type]
+                self._last_episode_starts,
                 values,
                 log_probs,
-                lstm_states=self._last_lstm_states,
+                lstm_states=self._last_lstm_states,  # type: ignore[arg-type]
             )
             self._last_obs = new_obs  # type: ignore[assignment]
             self._last_episode_starts = dones
             self._last_lstm_states = lstm_states
         with th.no_grad():
             episode_starts = th.tensor(dones, dtype=th.float32, device=self.device)
-            values = self.policy.predict_values(obs_as_tensor(new_obs, self.device), lstm_states.vf, episode_starts)  # type: ignore[arg-type]
+            values = self.policy.predict_values(obs_as_tensor(new_obs, self.device), lstm_states.vf, episode_starts)  # type: ignore[arg-type,union-attr]
         rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)
         callback.on_rollout_end()
         return True

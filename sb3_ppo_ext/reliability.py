@@ -55,7 +55,7 @@ from stable_baselines3.common.callbacks import CheckpointCallback
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
 AlgorithmT = TypeVar("AlgorithmT", bound=BaseAlgorithm)
-FileT = TypeVar("FileT", bound=IO[bytes])
+FileT = TypeVar("FileT", bound=IO[bytes] | io.BufferedIOBase)  # SB3 loads from both kinds of file object
 
 # Attributes every PPO-family model file (stock PPO or PPOExt) stores; another algorithm lacks some.
 PPO_DATA_KEYS = ("n_steps", "batch_size", "n_epochs", "clip_range", "gae_lambda", "ent_coef", "vf_coef")
@@ -781,7 +781,7 @@ _LOCAL_FILE_HEADER = b"PK\x03\x04"
 _END_OF_CENTRAL_DIRECTORY = b"PK\x05\x06"
 
 
-def _read_model_data(stream: IO[bytes], label: str, algorithm: str) -> dict[str, Any]:
+def _read_model_data(stream: IO[bytes] | io.BufferedIOBase, label: str, algorithm: str) -> dict[str, Any]:
     """Check the archive in ``stream`` (seekable, read from its start) and return its parsed ``data``."""
     size = stream.seek(0, io.SEEK_END)
     if size == 0:

@@ -42,7 +42,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 from sb3_ppo_ext.settings import ACTIVATIONS, SCHEDULE_KEYS, activation_class, algorithm_defaults, to_algorithm_kwargs
 from sb3_ppo_ext.storage import HEARTBEAT_INTERVAL, MAX_RETRY, StorageError, make_storage
@@ -72,7 +73,7 @@ to_ppo_ext_kwargs = to_algorithm_kwargs
 # --- the search space --------------------------------------------------------------------------
 
 
-def _sample_rollout(trial: optuna.Trial) -> dict[str, Any]:
+def _sample_rollout(trial: optuna.trial.BaseTrial) -> dict[str, Any]:
     n_steps_pow = trial.suggest_int("n_steps_pow", 5, 11)  # 32 .. 2048 steps per env
     # Minibatches no larger than one env's rollout, so that the batch always divides the buffer.
     batch_size_pow = min(trial.suggest_int("batch_size_pow", 5, 9), n_steps_pow)  # 32 .. 512
@@ -90,7 +91,7 @@ def _sample_rollout(trial: optuna.Trial) -> dict[str, Any]:
     return values
 
 
-def _sample_optimizer(trial: optuna.Trial) -> dict[str, Any]:
+def _sample_optimizer(trial: optuna.trial.BaseTrial) -> dict[str, Any]:
     learning_rate = trial.suggest_float("learning_rate", 1e-5, 2e-3, log=True)
     linear = trial.suggest_categorical("lr_schedule", ["constant", "linear"]) == "linear"
     return {
@@ -101,7 +102,7 @@ def _sample_optimizer(trial: optuna.Trial) -> dict[str, Any]:
     }
 
 
-def _sample_objective(trial: optuna.Trial) -> dict[str, Any]:
+def _sample_objective(trial: optuna.trial.BaseTrial) -> dict[str, Any]:
     """Clipped surrogate, KL penalty (fixed or adaptive beta), or both."""
     objective = trial.suggest_categorical("objective", ["clip", "kl", "clip+kl"])
     values: dict[str, Any] = {"clip_range": None, "kl_coef": 0.0, "kl_target": None}
@@ -114,14 +115,14 @@ def _sample_objective(trial: optuna.Trial) -> dict[str, Any]:
     return values
 
 
-def _sample_value_loss(trial: optuna.Trial) -> dict[str, Any]:
+def _sample_value_loss(trial: optuna.trial.BaseTrial) -> dict[str, Any]:
     vf_clip = trial.suggest_categorical("vf_clip", ["none", "clipped", "max"])
     if vf_clip == "none":
         return {"clip_range_vf": None, "vf_clip_mode": "clipped"}
     return {"clip_range_vf": trial.suggest_categorical("clip_range_vf", CLIP_RANGES_VF), "vf_clip_mode": vf_clip}
 
 
-def _sample_policy(trial: optuna.Trial, continuous: bool) -> dict[str, Any]:
+def _sample_policy(trial: optuna.trial.BaseTrial, continuous: bool) -> dict[str, Any]:
     """``policy_kwargs`` plus ``use_sde`` / ``sde_sample_freq`` (the latter two only for Box actions)."""
     policy_kwargs: dict[str, Any] = {
         "net_arch": NET_ARCHS[trial.suggest_categorical("net_arch", list(NET_ARCHS))],
@@ -153,10 +154,10 @@ def _network_learning_rates(learning_rate: float | str, ratio: float) -> dict[st
     start = linear_schedule_start(learning_rate)
     if start is not None:  # "lin_<x>"
         return {"pi": learning_rate, "vf": f"lin_{start * ratio}"}
-    return {"pi": learning_rate, "vf": learning_rate * ratio}
+    return {"pi": learning_rate, "vf": cast(float, learning_rate) * ratio}  # a number: not "lin_<x>"
 
 
-def sample_zoo_form(trial: optuna.Trial, continuous: bool = True) -> dict[str, Any]:
+def sample_zoo_form(trial: optuna.trial.BaseTrial, continuous: bool = True) -> dict[str, Any]:
     """
     Sample one PPOExt configuration in rl-zoo3's yml form (schedules as ``lin_<x>``, activation names).
 
@@ -234,7 +235,7 @@ def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dic
     :raises ValueError: a value outside the search space (names the key, the value and what is allowed)
     """
     # PPOExt's own defaults, from its signature (the settings owner reads them there).
-    get = {**algorithm_defaults(), **entry}.get
+    get: Callable[[str], Any] = {**algorithm_defaults(), **entry}.get
     learning_rate = get("learning_rate")
     linear = isinstance(learning_rate, str) and learning_rate.startswith("lin_")
     clip_range = get("clip_range")
@@ -359,7 +360,7 @@ CRITIC_MEMORIES = {
 }
 
 
-def sample_recurrent_zoo_form(trial: optuna.Trial, continuous: bool = True) -> dict[str, Any]:
+def sample_recurrent_zoo_form(trial: optuna.trial.BaseTrial, continuous: bool = True) -> dict[str, Any]:
     """
     Sample one RecurrentPPOExt configuration in rl-zoo3's yml form: PPOExt's space
     (:func:`sample_zoo_form`) plus the LSTM's knobs ``lstm_hidden_size``, ``n_lstm_layers`` and

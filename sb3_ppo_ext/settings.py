@@ -456,7 +456,7 @@ def algorithm_spec(algo: str) -> AlgorithmSpec:
 
 def algorithm_parameters(algorithm: type) -> dict[str, Any]:
     """The parameters an entry may give to ``algorithm`` (``policy`` included), with their defaults."""
-    signature = inspect.signature(algorithm.__init__)
+    signature = inspect.signature(algorithm)  # the class's __init__, without self
     return {name: p.default for name, p in signature.parameters.items() if name != "self" and name not in RESERVED_KEYS}
 
 

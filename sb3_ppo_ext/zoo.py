@@ -243,7 +243,7 @@ def _patch_create_test_env(utils: ModuleType) -> None:
         return masked_env(env, algo, env_id, evaluation=True) if is_masked(algo) else env
 
     setattr(create_test_env, _PATCHED, True)
-    utils.create_test_env = create_test_env
+    utils.create_test_env = create_test_env  # type: ignore[attr-defined]
 
 
 # --- rl_zoo3.hyperparams_opt -----------------------------------------------------------------
@@ -592,11 +592,11 @@ def _study_storage(url: str | None, storage: Any, exp_manager: ModuleType, max_t
 
     optuna.create_study = create_study
     if interval:
-        exp_manager.MaxTrialsCallback = functools.partial(TrialBudgetCallback, interval)
+        exp_manager.MaxTrialsCallback = functools.partial(TrialBudgetCallback, interval)  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        optuna.create_study, exp_manager.MaxTrialsCallback = original, original_callback
+        optuna.create_study, exp_manager.MaxTrialsCallback = original, original_callback  # type: ignore[attr-defined]
 
 
 def _remove_empty_folder(path: str) -> None:
