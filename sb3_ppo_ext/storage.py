@@ -168,7 +168,8 @@ def make_storage(
     try:
         return _open_rdb_storage(url, engine_kwargs, heartbeat)
     except ImportError as error:
-        raise StorageError(_error_message(url, f"missing database driver ({error})")) from None
+        hint = "; for postgresql:// URLs: pip install 'sb3-ppo-ext[postgres]'" if url.startswith("postgresql") else ""
+        raise StorageError(_error_message(url, f"missing database driver ({error}){hint}")) from None
     except Exception as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise StorageError(_error_message(url, reason)) from None

@@ -3,7 +3,7 @@ and a spy on the surrogate loss's probability ratios.
 
 ``installed_venv`` builds ONE virtual environment per test session (shared by pytest-xdist
 workers through a file lock): ``python -m venv``, ``pip install torch==2.13.0`` (the CPU build;
-installed first so that no CUDA build is pulled), then ``pip install "<copy of the repo>[render]"``
+installed first so that no CUDA build is pulled), then ``pip install "<copy of the repo>[render,zoo,postgres]"``
 — a regular, non-editable install from a copy of the working tree. pip's cache keeps repeat
 builds fast. ``SB3_PPO_EXT_TEST_VENV=/path/to/venv`` reuses an existing environment instead
 (for quick local iteration; CI always builds a fresh one).
@@ -93,7 +93,7 @@ def build_venv(root: Path, requirement_from_source: str, editable: bool = False)
 
 @pytest.fixture(scope="session")
 def installed_venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
-    """A fresh venv with ``pip install "<repo copy>[render]"`` (non-editable), one per session."""
+    """A fresh venv with ``pip install "<repo copy>[render,zoo,postgres]"`` (non-editable), one per session."""
     reuse = os.environ.get("SB3_PPO_EXT_TEST_VENV")
     if reuse:
         return Venv.at(Path(reuse))
@@ -103,7 +103,7 @@ def installed_venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
     root, done = shared / "installed-venv", shared / "installed-venv.json"
     with FileLock(str(shared / "installed-venv.lock")):
         if not done.exists():
-            build_venv(root, "[render]")
+            build_venv(root, "[render,zoo,postgres]")
             done.write_text(json.dumps({"root": str(root)}))
     return Venv.at(Path(json.loads(done.read_text())["root"]))
 

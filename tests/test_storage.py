@@ -17,16 +17,28 @@ from sb3_ppo_ext import samplers, storage
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
 
-def _dependencies() -> dict[str, Requirement]:
-    requirements = [Requirement(text) for text in tomllib.loads(PYPROJECT.read_text())["project"]["dependencies"]]
+def _dependencies(extra: str | None = None) -> dict[str, Requirement]:
+    project = tomllib.loads(PYPROJECT.read_text())["project"]
+    texts = project["dependencies"] if extra is None else project["optional-dependencies"][extra]
+    requirements = [Requirement(text) for text in texts]
     return {requirement.name.lower(): requirement for requirement in requirements}
+
+
+def test_the_algorithms_depend_on_neither_rl_zoo3_nor_optuna_nor_a_database_driver():
+    core = _dependencies()
+    assert {"torch", "stable-baselines3", "sb3-contrib", "gymnasium"} <= set(core)
+    assert not {"rl-zoo3", "optuna", "sqlalchemy", "psycopg", "pandas", "seaborn", "scipy", "requests"} & set(core)
+    assert {"rl-zoo3", "optuna"} <= set(_dependencies("zoo"))
+    # The extras that need the zoo's packages name it: the test suite and the benchmarks run rl-zoo3.
+    for extra in ("postgres", "test", "bench"):
+        assert "zoo" in _dependencies(extra)["sb3-ppo-ext"].extras, extra
 
 
 def test_one_postgresql_driver_the_one_sqlalchemy_uses():
     import sqlalchemy
     from sqlalchemy.engine import make_url
 
-    dependencies = _dependencies()
+    dependencies = _dependencies("postgres")
     drivers = {name for name in dependencies if re.fullmatch(r"psycopg2?(-binary)?", name)}
     assert drivers == {"psycopg"}, drivers
     # SQLAlchemy >= 2.1 maps postgresql:// to psycopg 3: the declared floor guarantees the mapping.

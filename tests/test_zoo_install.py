@@ -217,13 +217,35 @@ def test_hook_switch_and_startup_cost(installed_venv: Venv, workdir: Path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+CORE_ONLY = """
+import importlib.util, sys
+from sb3_contrib.common.envs import InvalidActionEnvDiscrete
+from sb3_ppo_ext import MaskablePPOExt, PPOExt, RecurrentPPOExt
+from sb3_ppo_ext.callbacks import KLAdaptiveLR, ParameterScheduler
+absent = [name for name in ("rl_zoo3", "optuna", "sqlalchemy", "psycopg") if importlib.util.find_spec(name) is not None]
+assert not absent, f"installed without an extra: {absent}"
+PPOExt("MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=64).learn(64, callback=KLAdaptiveLR(target_kl=0.01))
+MaskablePPOExt("MlpPolicy", InvalidActionEnvDiscrete(dim=4, n_invalid_actions=1), n_steps=32, batch_size=32).learn(32)
+RecurrentPPOExt("MlpLstmPolicy", "CartPole-v1", n_steps=32, batch_size=32).learn(32)
+print("core ok", sorted(name for name in sys.modules if name.split(".")[0] in ("rl_zoo3", "optuna")))
+"""
+
+
 def test_editable_install(tmp_path_factory: pytest.TempPathFactory):
-    """pip install -e . ships the hook too (setup.py copies the .pth into the editable wheel)."""
-    venv = build_venv(tmp_path_factory.mktemp("editable") / "venv", "", editable=True)
+    """
+    pip install -e . ships the hook too (setup.py copies the .pth into the editable wheel). Without
+    extras it installs the algorithms alone (SB3, sb3-contrib, torch, gymnasium), which train with the
+    callbacks; the ``zoo`` extra then adds rl-zoo3 and Optuna, and ``--algo ppo_ext`` trains.
+    """
+    root = tmp_path_factory.mktemp("editable") / "venv"
+    venv = build_venv(root, "", editable=True)
     workdir = tmp_path_factory.mktemp("editable-run")
     location = check(run(venv, "python -c 'import sb3_ppo_ext; print(sb3_ppo_ext.__file__)'", workdir)).stdout.strip()
     assert not Path(location).is_relative_to(venv.site_packages)  # served from the source tree
     assert (venv.site_packages / "sb3_ppo_ext_zoo_hook.pth").is_file()
+    assert check(run(venv, ["python", "-c", CORE_ONLY], workdir)).stdout.strip().endswith("core ok []")
+    extra = f"{root.parent / f'{root.name}-src'}[zoo]"
+    check(run(venv, ["python", "-m", "pip", "install", "-q", "--disable-pip-version-check", "-e", extra], workdir))
     check(run(venv, f"python -m rl_zoo3.train --algo ppo_ext --env Pendulum-v1 {TINY}", workdir))
     assert run_folders(workdir) == ["Pendulum-v1_1"]
     # The editable install is a plain path entry (no setuptools import finder): start-up stays cheap.
