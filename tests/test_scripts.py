@@ -125,3 +125,13 @@ def test_workload_measurement_and_the_speed_bars(tmp_path):
     assert any("python scripts/throughput.py --workload mountaincar --steps 16 --repeats 1" in line for line in sections)
     with pytest.raises(SystemExit):
         throughput["main"]([*argv, "--variants", "no such variant"])
+
+
+@pytest.mark.integration  # torch.compile builds C++ kernels: tens of seconds
+def test_compile_probe_reports_compile_time_and_the_payback(capsys):
+    probe = runpy.run_path(str(SCRIPTS / "compile_probe.py"))
+    probe["main"](["--obs", "3", "--actions", "1", "--net", "8", "--batch", "8", "--steps", "20"])
+    out = capsys.readouterr().out
+    assert "network 3-8-8-1" in out and "compile time (first call, wall clock): " in out
+    assert "ms per minibatch step, compiled: " in out
+    assert "paid back after" in out or "never paid back" in out
