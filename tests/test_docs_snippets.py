@@ -58,6 +58,7 @@ NOT_EXECUTED = {
     "python3 -m venv": "creates a virtual environment (.ci/run does it for the README's test command)",
     ". .venv/bin/activate": "activates a virtual environment",
     "bash scripts/start_postgres.sh": "starts a PostgreSQL server (.ci/run runs it; tests/test_*postgres.py use it)",
+    "python -m mypy": "the type check of the whole package (.ci/run runs it)",
 }
 # Values for the shell variables and substitutions used in the commands.
 SHELL_VALUES = {"$(nproc)": "2", "$(bash scripts/start_postgres.sh)": "postgresql://tuner:pw@127.0.0.1:5432/optuna"}
@@ -205,8 +206,11 @@ def check_pytest(words: list[str]) -> None:
     if "-n" in args:
         del args[args.index("-n") : args.index("-n") + 2]
     collected = collect_tests(tuple(args))
-    if "-m" in args and "not integration" in args[args.index("-m") + 1]:
-        assert collected < collect_tests(()), "the fast tier leaves the integration tests out"
+    assert collected > 0, words
+    if not args:  # the default run is the fast tier (pyproject.toml's addopts)
+        assert collected == collect_tests(("-m", "not integration and not slow")), "the default run is not the fast tier"
+    if args[:2] == ["-m", "integration"]:
+        assert collected + collect_tests(()) < collect_tests(("-m", "not slow")) + 1, "integration tests in the default run"
 
 
 @functools.cache
