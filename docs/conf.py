@@ -40,7 +40,10 @@ myst_heading_anchors = 3
 
 autosummary_generate = True
 autosummary_imported_members = False
-autodoc_default_options = {"members": True, "show-inheritance": True}
+# Each object on the page of the module that defines it, once: a module's __all__ re-exports (the
+# package's PPOExt, the callbacks' ParameterSchedule) are not documented again where they are
+# re-exported, which also keeps viewcode's "[docs]" links pointing at the one documented object.
+autodoc_default_options = {"members": True, "show-inheritance": True, "ignore-module-all": True}
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_class_signature = "mixed"

@@ -3,7 +3,7 @@ Callbacks for SB3 on-policy training: a KL-adaptive learning rate, schedules for
 training attribute, a training-health guard, action monitoring, Optuna pruning and TensorBoard
 hyperparameters.
 
-Every callback works with :class:`sb3_ppo_ext.PPOExt` and with stock ``stable_baselines3.PPO``
+Every callback works with :class:`sb3_ppo_ext.ppo_ext.PPOExt` and with stock ``stable_baselines3.PPO``
 (and ``A2C`` where the quantity it needs exists), composes with ``CallbackList`` and
 ``EvalCallback``, and takes only plain keyword arguments, so it can be named in an rl-zoo3
 hyperparameter file::
@@ -424,7 +424,7 @@ class TrainingHealthGuard(_AfterUpdateCallback):
     ``<save_path>/<name_prefix>_<timesteps>_steps.zip`` (:attr:`checkpoint_path`) and the
     ``VecNormalize`` statistics next to it (:attr:`vec_normalize_path`), and stops ``learn``.
     Checks done after an update stop at the first step of the next rollout.
-    PPOExt also raises :class:`sb3_ppo_ext.NonFiniteLossError` from ``train()`` before a
+    PPOExt also raises :class:`sb3_ppo_ext.engine.NonFiniteLossError` from ``train()`` before a
     non-finite loss reaches the parameters; the step checks stop most such runs before that.
 
     :param responses: Condition to ``log``, ``warn`` or ``stop``, merged over the defaults

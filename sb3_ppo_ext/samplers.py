@@ -189,7 +189,7 @@ def sample_ppo_ext_params(trial: optuna.Trial, continuous: bool = True) -> dict[
 
     :param trial: an Optuna trial
     :param continuous: whether the env's action space is ``Box`` (``False`` for Discrete & co)
-    :return: keyword arguments of :class:`sb3_ppo_ext.PPOExt`
+    :return: keyword arguments of :class:`sb3_ppo_ext.ppo_ext.PPOExt`
     """
     return to_ppo_ext_kwargs(sample_zoo_form(trial, continuous))
 

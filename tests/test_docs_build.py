@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import runpy
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,22 @@ def test_sphinx_build_without_warnings(tmp_path: Path):
     for module in modules:
         if not module.endswith("__main__"):
             assert (html / "api" / f"{module}.html").is_file(), module
+    # Each object once, on its defining module's page: the package page does not document PPOExt again.
+    assert 'id="sb3_ppo_ext.PPOExt"' not in (html / "api" / "sb3_ppo_ext.html").read_text()
+    assert 'id="sb3_ppo_ext.ppo_ext.PPOExt"' in (html / "api" / "sb3_ppo_ext.ppo_ext.html").read_text()
+    assert "api/sb3_ppo_ext.ppo_ext.html#sb3_ppo_ext.ppo_ext.PPOExt" in (html / "api.html").read_text()  # landing page
+    # Every "[docs]" link of the source pages (viewcode) lands on an anchor that exists.
+    anchors: dict[Path, set[str]] = {}
+    links = 0
+    for page in (html / "_modules").rglob("*.html"):
+        for href in re.findall(r'class="viewcode-back" href="([^"]+)"', page.read_text()):
+            path, _, anchor = href.partition("#")
+            target = (page.parent / path).resolve()
+            if target not in anchors:
+                anchors[target] = set(re.findall(r'id="([^"]+)"', target.read_text())) if target.is_file() else set()
+            assert urllib.parse.unquote(anchor) in anchors[target], f"{page.relative_to(html)}: broken link {href}"
+            links += 1
+    assert links > 100  # the package's classes and functions
 
 
 SOURCE = '''
