@@ -205,12 +205,10 @@ def check_pytest(words: list[str]) -> None:
     args = words[3:]
     if "-n" in args:
         del args[args.index("-n") : args.index("-n") + 2]
-    collected = collect_tests(tuple(args))
-    assert collected > 0, words
-    if not args:  # the default run is the fast tier (pyproject.toml's addopts)
-        assert collected == collect_tests(("-m", "not integration and not slow")), "the default run is not the fast tier"
-    if args[:2] == ["-m", "integration"]:
-        assert collected + collect_tests(()) < collect_tests(("-m", "not slow")) + 1, "integration tests in the default run"
+    assert collect_tests(tuple(args)) > 0, words
+    if not args:  # the default run is the fast tier (pyproject.toml's addopts; the docs say so)
+        addopts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+        assert addopts.startswith("-m 'not slow and not integration'"), addopts
 
 
 @functools.cache
