@@ -556,32 +556,6 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         log_half_range_sum = self._log_half_range_sum if self.squash_output else None
         actions, log_prob, parameters = direct_gaussian(head, scale, deterministic, log_half_range_sum, noise)
         return self._acted(actions, values, log_prob, "normal", parameters)
-        dist = self.action_dist  # the squashed head wraps it per call (_get_action_dist_from_latent)
-        log_half_range_sum = self._log_half_range_sum if self.squash_output else None
-        if type(dist) is DiagGaussianDistribution:
-            latent_pi, latent_vf = self._latents(obs)
-            values = self.value_net(latent_vf)
-            log_std = self._bounded_log_std(latent_pi) if self.state_dependent_std else self.log_std
-            mean = self.action_net(latent_pi)
-            scale = th.ones_like(mean) * log_std.exp()  # DiagGaussianDistribution.proba_distribution
-            actions, log_prob, parameters = direct_gaussian(mean, scale, deterministic, log_half_range_sum)
-            return self._acted(actions, values, log_prob, "normal", parameters)
-        if type(dist) is StateDependentNoiseDistribution and dist.bijector is None and not self.state_dependent_std:
-            latent_pi, latent_vf = self._latents(obs)
-            values = self.value_net(latent_vf)
-            mean = self.action_net(latent_pi)
-            # StateDependentNoiseDistribution.proba_distribution and sample
-            latent_sde = latent_pi if dist.learn_features else latent_pi.detach()
-            scale = th.sqrt(th.mm(latent_sde**2, dist.get_std(self.log_std) ** 2) + dist.epsilon)
-            noise = None if deterministic else dist.get_noise(latent_sde)
-            actions, log_prob, parameters = direct_gaussian(mean, scale, deterministic, log_half_range_sum, noise)
-            return self._acted(actions, values, log_prob, "normal", parameters)
-        if type(dist) is CategoricalDistribution:
-            latent_pi, latent_vf = self._latents(obs)
-            values = self.value_net(latent_vf)
-            actions, log_prob, parameters = direct_categorical(self.action_net(latent_pi), deterministic)
-            return self._acted(actions, values, log_prob, "categorical", parameters)
-        return None
 
     def evaluate_actions_and_distribution(
         self, obs: PyTorchObs, actions: th.Tensor, entropy_requires_grad: bool = True

@@ -123,8 +123,8 @@ ALGOS: dict[str, tuple[str, dict[str, Any], str]] = {
         {"policy_kwargs": {"activation_fn": "tanh"}},
         "PPOExt, squashed head + clip with tanh hidden activations (policy_kwargs.activation_fn: tanh)",
     ),
-    # Fast mode (issue 22): fused Adam (and for RecurrentPPOExt the LSTM over whole sequences); not bit for
-    # bit, so its learning curves are compared with the default's at 10 seeds ("fast" suite).
+    # PPOExt's fast mode (issue 22): fused Adam; not bit for bit, so its learning curves are compared with the
+    # default's at 10 seeds ("fast" suite).
     "ppo_ext_fast": (
         "ppo_ext",
         {"policy_kwargs": {"fast": True}},
