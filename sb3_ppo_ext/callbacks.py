@@ -39,6 +39,7 @@ from stable_baselines3.common.logger import HParam, TensorBoardOutputFormat
 from stable_baselines3.common.utils import FloatSchedule, update_learning_rate
 from stable_baselines3.common.vec_env import VecEnv
 
+from sb3_ppo_ext.parameters import SCHEDULE_KEYS, is_integer_parameter, scheduled_value_problem
 from sb3_ppo_ext.reliability import non_finite_entries, save_model_atomically, save_vec_normalize_atomically
 from sb3_ppo_ext.schedules import ParameterSchedule  # re-exported: ``from sb3_ppo_ext.callbacks import ParameterSchedule``
 from sb3_ppo_ext.validation import (
@@ -232,39 +233,6 @@ class KLAdaptiveLR(_AfterUpdateCallback):
         self._set_learning_rate(learning_rate)
 
 
-# Attributes that SB3 and PPOExt call as schedules of the progress remaining.
-SCHEDULE_ATTRIBUTES = ("clip_range", "clip_range_vf")
-# Attributes that must stay integers (``range(n_epochs)``, minibatch sizes): scheduled values are rounded.
-INTEGER_ATTRIBUTES = ("n_epochs", "batch_size")
-# What a schedule may set, per attribute: (low, low is exclusive, high). Integers: the rounded value >= low.
-SCHEDULED_RANGES: dict[str, tuple[float, bool, float | None]] = {
-    "learning_rate": (0.0, True, None),
-    "clip_range": (0.0, True, None),
-    "clip_range_vf": (0.0, True, None),
-    "max_grad_norm": (0.0, True, None),
-    "target_kl": (0.0, True, None),
-    "kl_target": (0.0, True, None),
-    "vf_coef": (0.0, False, None),
-    "kl_coef": (0.0, False, None),
-    "gamma": (0.0, False, 1.0),
-    "gae_lambda": (0.0, False, 1.0),
-    "n_epochs": (1, False, None),
-    "batch_size": (1, False, None),
-}
-
-
-def _scheduled_value_problem(name: str, value: float) -> str | None:
-    """What a schedule may not set ``name`` to (``"expected ..."``), or None when ``value`` is allowed."""
-    low, strict, high = SCHEDULED_RANGES.get(name, (None, True, None))
-    integer = name in INTEGER_ATTRIBUTES
-    applied = round(value) if integer and math.isfinite(value) else value
-    try:
-        check_real(name, applied, low, high, strict)
-    except InvalidSettingError as error:
-        return str(error).split(" is invalid: ", 1)[-1] + (" (after rounding: it is an int)" if integer else "")
-    return None
-
-
 class ParameterScheduler(BaseCallback):
     """
     Schedules for any numeric training attribute of the model (``ent_coef``, ``clip_range``,
@@ -304,7 +272,7 @@ class ParameterScheduler(BaseCallback):
         for name, schedule in self.schedules.items():
             if isinstance(schedule, ParameterSchedule):
                 for extreme in schedule.extremes():
-                    problem = _scheduled_value_problem(name, extreme)
+                    problem = scheduled_value_problem(name, extreme)
                     if problem is not None:
                         raise InvalidSettingError(
                             f"schedules[{name!r}]={schedule!r} is invalid: it would set {name}={extreme!r}; {name}: {problem}"
@@ -352,7 +320,7 @@ class ParameterScheduler(BaseCallback):
     def _apply(self) -> None:
         for name in self.schedules:
             value = self.value(name)
-            problem = _scheduled_value_problem(name, value)
+            problem = scheduled_value_problem(name, value)
             if problem is not None:  # a callable schedule, which cannot be checked in advance
                 raise InvalidSettingError(
                     f"ParameterScheduler: schedules[{name!r}] gives {name}={value!r} at {self.model.num_timesteps} steps; "
@@ -364,9 +332,9 @@ class ParameterScheduler(BaseCallback):
                 update_learning_rate(self.model.policy.optimizer, value)
             else:
                 current = getattr(self.model, name)
-                if callable(current) or name in SCHEDULE_ATTRIBUTES:
+                if callable(current) or name in SCHEDULE_KEYS:  # attributes SB3 calls as schedules
                     setattr(self.model, name, FloatSchedule(value))
-                elif name in INTEGER_ATTRIBUTES or (isinstance(current, (int, np.integer)) and float(value).is_integer()):
+                elif is_integer_parameter(name) or (isinstance(current, (int, np.integer)) and float(value).is_integer()):
                     setattr(self.model, name, round(value))
                 else:
                     setattr(self.model, name, value)

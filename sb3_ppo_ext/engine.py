@@ -27,7 +27,6 @@ policy as it was before the update.
 from __future__ import annotations
 
 import copy
-import inspect
 import math
 import warnings
 from collections.abc import Generator, Iterator
@@ -40,7 +39,7 @@ from stable_baselines3.common.buffers import BaseBuffer
 from stable_baselines3.common.type_aliases import PyTorchObs
 from stable_baselines3.common.utils import explained_variance
 
-from sb3_ppo_ext import losses, validation
+from sb3_ppo_ext import losses, parameters, validation
 from sb3_ppo_ext.buffers import PI_OLD_BUFFERS, PiOldBuffer
 from sb3_ppo_ext.distributions import (
     analytic_kl,
@@ -269,90 +268,13 @@ class ExtUpdateEngine:
         carried_on = kl_target is not None and validation.is_real(kl_coef) and float(kl_coef) == float(self.kl_coef)
         return beta if carried_on else float(self.kl_coef)
 
-    @staticmethod
-    def _check_arguments(
-        clip_range: Any,
-        clip_range_vf: Any,
-        vf_clip_mode: Any,
-        kl_coef: Any,
-        kl_target: Any,
-        kl_adapt_factor: Any,
-        kl_adapt_tolerance: Any,
-        kl_coef_bounds: Any,
-        max_grad_norm: Any,
-        target_kl: Any,
-        check_schedules: bool = True,
-        n_envs: int | None = None,
-        **ppo_arguments: Any,
-    ) -> None:
-        """
-        Raise :class:`~sb3_ppo_ext.validation.InvalidSettingError` (a ``ValueError`` that is also an
-        ``AssertionError``, as PPO asserts some of these), naming the parameter, the value and what
-        is allowed, for any invalid argument. Numbers may be Python or numpy scalars.
-
-        :param check_schedules: whether to evaluate schedules at progress 1
-        :param n_envs: the number of environments, when known: ``n_steps * n_envs`` must exceed 1 with
-            ``normalize_advantage`` (as PPO asserts)
-        :param ppo_arguments: further arguments of PPO to check, each optional: ``learning_rate``,
-            ``n_steps``, ``batch_size``, ``n_epochs``, ``gamma``, ``gae_lambda``, ``ent_coef``,
-            ``vf_coef``, ``normalize_advantage``, ``use_sde``, ``sde_sample_freq``, ``stats_window_size``
-        """
-        unknown = set(ppo_arguments) - set(validation.PPO_ARGUMENT_CHECKS)
-        if unknown:
-            raise TypeError(f"_check_arguments() got unexpected arguments {sorted(unknown)}")
-        for name, value in ppo_arguments.items():
-            validation.PPO_ARGUMENT_CHECKS[name](name, value)
-        if "learning_rate" in ppo_arguments:
-            validation.check_number_or_schedule(
-                "learning_rate", ppo_arguments["learning_rate"], check_schedule=check_schedules, strict=False
-            )
-        if ppo_arguments.get("normalize_advantage", True) and ppo_arguments.get("batch_size", 2) <= 1:
-            # PPO asserts the same: a one-sample minibatch has no advantage spread to normalise by.
-            raise validation.InvalidSettingError(
-                f"batch_size={ppo_arguments['batch_size']!r} is invalid with normalize_advantage=True: expected an int > 1 "
-                "(see https://github.com/DLR-RM/stable-baselines3/issues/440)"
-            )
-        n_steps, normalize = ppo_arguments.get("n_steps"), ppo_arguments.get("normalize_advantage", True)
-        if n_envs is not None and n_steps is not None and normalize and n_steps * n_envs <= 1:
-            raise validation.InvalidSettingError(
-                f"n_steps * n_envs = {n_steps * n_envs} is invalid with normalize_advantage: expected > 1"
-            )
-        validation.check_positive_or_schedule("clip_range", clip_range, allow_none=True, check_schedule=check_schedules)
-        validation.check_positive_or_schedule("clip_range_vf", clip_range_vf, allow_none=True, check_schedule=check_schedules)
-        validation.check_choice("vf_clip_mode", vf_clip_mode, losses.VF_CLIP_MODES)
-        if vf_clip_mode == "max" and clip_range_vf is None:
-            raise validation.InvalidSettingError(
-                "vf_clip_mode='max' needs clip_range_vf (a positive float or schedule); it is None"
-            )
-        kl_coef = validation.check_real("kl_coef", kl_coef, low=0.0, strict=False)
-        if kl_target is not None:
-            validation.check_real("kl_target", kl_target, low=0.0)
-            if kl_coef == 0:
-                raise validation.InvalidSettingError(
-                    f"kl_target={kl_target!r} needs kl_coef > 0 (the initial beta); with kl_coef=0 the penalty is off"
-                )
-        validation.check_real("kl_adapt_factor", kl_adapt_factor, low=1.0)
-        validation.check_real("kl_adapt_tolerance", kl_adapt_tolerance, low=1.0)
-        low, high = validation.check_real_pair("kl_coef_bounds", kl_coef_bounds)
-        if not low > 0:
-            raise validation.InvalidSettingError(
-                f"kl_coef_bounds={kl_coef_bounds!r} is invalid: expected finite 0 < min <= max"
-            )
-        if kl_target is not None and not low <= kl_coef <= high:
-            raise validation.InvalidSettingError(
-                f"kl_coef={kl_coef!r} must lie within kl_coef_bounds={kl_coef_bounds!r} when kl_target is set"
-            )
-        # inf is PPO's "no gradient clipping" and "no early stop": allowed, NaN is not.
-        validation.check_real("max_grad_norm", max_grad_norm, low=0.0, finite=False)
-        validation.optional_real("target_kl", target_kl, low=0.0, finite=False)
-
     # Attributes that hold a checked argument under another name.
     _ARGUMENT_ATTRIBUTES: ClassVar[dict[str, str]] = {"stats_window_size": "_stats_window_size"}
 
     def _configured_arguments(self) -> dict[str, Any]:
-        """The model's current value of every argument that :meth:`_check_arguments` checks (those it has)."""
+        """The model's current value of each argument with a row in :data:`~sb3_ppo_ext.parameters.ALGORITHM_RULES`."""
         arguments = {}
-        for name in checked_argument_names():
+        for name in parameters.ALGORITHM_RULES:
             attribute = self._ARGUMENT_ATTRIBUTES.get(name, name)
             if attribute in self.__dict__:
                 arguments[name] = self.__dict__[attribute]
@@ -371,7 +293,7 @@ class ExtUpdateEngine:
         """
         try:
             n_envs = self.n_envs if getattr(self, "env", None) is not None else None
-            self._check_arguments(check_schedules=False, n_envs=n_envs, **self._configured_arguments())
+            parameters.check_arguments(self._configured_arguments(), check_schedules=False, n_envs=n_envs)
             validation.check_real("current_kl_coef", self.current_kl_coef, low=0.0, strict=False)
             beta = self._live_kl_coef(previous)
             low, high = self.kl_coef_bounds
@@ -394,10 +316,8 @@ class ExtUpdateEngine:
         """
         from stable_baselines3.common.torch_layers import CombinedExtractor
 
-        from sb3_ppo_ext.settings import policy_parameters
-
         def reads_dicts(policy_class: type) -> bool:
-            extractor = policy_parameters(policy_class).get("features_extractor_class")
+            extractor = parameters.policy_parameters(policy_class).get("features_extractor_class")
             return isinstance(extractor, type) and issubclass(extractor, CombinedExtractor)
 
         aliases: dict[str, type] = getattr(self, "policy_aliases", {})
@@ -437,15 +357,13 @@ class ExtUpdateEngine:
         constructor chain does not take, with the closest valid name (as the settings check says it
         for rl-zoo3's ``-params``), instead of the constructor's bare ``TypeError``.
         """
-        from sb3_ppo_ext.settings import policy_parameters, unknown_policy_kwarg
-
         if not isinstance(self.policy_class, type) or not isinstance(self.policy_kwargs, dict):
             return
-        parameters = policy_parameters(self.policy_class)
-        unknown = [key for key in self.policy_kwargs if key not in parameters]
+        taken = parameters.policy_parameters(self.policy_class)
+        unknown = [key for key in self.policy_kwargs if key not in taken]
         if unknown:
-            problems = "; ".join(unknown_policy_kwarg(key, self.policy_class, parameters) for key in unknown)
-            raise UnknownPolicyKwargError(f"{type(self).__name__}: {problems}; valid keys: {', '.join(sorted(parameters))}")
+            problems = "; ".join(parameters.unknown_policy_kwarg(key, self.policy_class, taken) for key in unknown)
+            raise UnknownPolicyKwargError(f"{type(self).__name__}: {problems}; valid keys: {', '.join(sorted(taken))}")
 
     def _setup_model(self) -> None:
         # Checked again here because ``load(path, **kwargs)`` sets the saved attributes and its
@@ -893,6 +811,20 @@ class ExtUpdateEngine:
             record("train/clip_range_vf", clip_range_vf)
 
 
+def extension_arguments(
+    vf_clip_mode: Any, kl_coef: Any, kl_target: Any, kl_adapt_factor: Any, kl_adapt_tolerance: Any, kl_coef_bounds: Any
+) -> dict[str, Any]:
+    """The extensions' own constructor arguments by name: what :meth:`ExtUpdateEngine._init_extensions` takes."""
+    return dict(
+        vf_clip_mode=vf_clip_mode,
+        kl_coef=kl_coef,
+        kl_target=kl_target,
+        kl_adapt_factor=kl_adapt_factor,
+        kl_adapt_tolerance=kl_adapt_tolerance,
+        kl_coef_bounds=kl_coef_bounds,
+    )
+
+
 def _engine_classes() -> Iterator[type]:
     """Every class built on the engine (PPOExt, MaskablePPOExt, RecurrentPPOExt and their subclasses)."""
     pending = list(ExtUpdateEngine.__subclasses__())
@@ -902,26 +834,11 @@ def _engine_classes() -> Iterator[type]:
         yield cls
 
 
-def checked_argument_names() -> frozenset[str]:
-    """The names of the algorithms' arguments that :meth:`ExtUpdateEngine._check_arguments` checks."""
-    names = set(inspect.signature(ExtUpdateEngine._check_arguments).parameters) | set(validation.PPO_ARGUMENT_CHECKS)
-    return frozenset(names - {"check_schedules", "n_envs", "ppo_arguments"})
-
-
-def checked_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
-    """
-    The arguments of an algorithm's ``__init__`` (its ``locals()``) that :meth:`ExtUpdateEngine._check_arguments`
-    checks: PPOExt, MaskablePPOExt and RecurrentPPOExt check their settings with the one owner.
-    """
-    names = checked_argument_names()
-    return {name: value for name, value in arguments.items() if name in names}
-
-
 __all__ = [
     "ExtUpdateEngine",
     "Minibatch",
     "NoTrustRegionWarning",
     "NonFiniteLossError",
     "UnknownPolicyKwargError",
-    "checked_arguments",
+    "extension_arguments",
 ]

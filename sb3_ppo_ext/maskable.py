@@ -17,9 +17,10 @@ from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedul
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppo_ext.buffers import PiOldMaskableDictRolloutBuffer, PiOldMaskableRolloutBuffer
-from sb3_ppo_ext.engine import ExtUpdateEngine, checked_arguments, flat_observations, flat_rollout, index_observations
+from sb3_ppo_ext.engine import ExtUpdateEngine, extension_arguments, flat_observations, flat_rollout, index_observations
 from sb3_ppo_ext.envs import masks_of, without_masks
 from sb3_ppo_ext.files import ModelFiles
+from sb3_ppo_ext.parameters import check_arguments
 from sb3_ppo_ext.policies import (  # the policies live in sb3_ppo_ext.policies; these names keep old files loading
     MaskablePPOExtCnnPolicy,
     MaskablePPOExtMultiInputPolicy,
@@ -200,26 +201,32 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[
         device: th.device | str = "auto",
         _init_setup_model: bool = True,
     ):
-        self._check_arguments(**checked_arguments(locals()))
-        super().__init__(
-            policy,
-            env,
+        # The arguments upstream's constructor takes and the extensions' own, each checked by its row of the
+        # parameter table (sb3_ppo_ext.parameters) before upstream's asserts see them.
+        upstream: dict[str, Any] = dict(
             learning_rate=learning_rate,
             n_steps=n_steps,
             batch_size=batch_size,
             n_epochs=n_epochs,
             gamma=gamma,
             gae_lambda=gae_lambda,
-            clip_range=clip_range,  # type: ignore[arg-type]
+            clip_range=clip_range,
             clip_range_vf=clip_range_vf,
             normalize_advantage=normalize_advantage,
             ent_coef=ent_coef,
             vf_coef=vf_coef,
             max_grad_norm=max_grad_norm,
-            rollout_buffer_class=rollout_buffer_class,
-            rollout_buffer_kwargs=rollout_buffer_kwargs,
             target_kl=target_kl,
             stats_window_size=stats_window_size,
+        )
+        extensions = extension_arguments(vf_clip_mode, kl_coef, kl_target, kl_adapt_factor, kl_adapt_tolerance, kl_coef_bounds)
+        check_arguments({**upstream, **extensions})
+        super().__init__(
+            policy,
+            env,
+            **upstream,
+            rollout_buffer_class=rollout_buffer_class,
+            rollout_buffer_kwargs=rollout_buffer_kwargs,
             tensorboard_log=tensorboard_log,
             policy_kwargs=policy_kwargs,
             verbose=verbose,
@@ -227,7 +234,7 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[
             device=device,
             _init_setup_model=False,
         )
-        self._init_extensions(vf_clip_mode, kl_coef, kl_target, kl_adapt_factor, kl_adapt_tolerance, kl_coef_bounds)
+        self._init_extensions(**extensions)
         if _init_setup_model:
             self._setup_model()
 

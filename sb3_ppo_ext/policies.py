@@ -37,12 +37,11 @@ from sb3_ppo_ext.distributions import (
     rescale_tanh64,
     unchecked_distributions,
 )
+from sb3_ppo_ext.parameters import ALGORITHM_RULES, check_policy_kwargs
 from sb3_ppo_ext.validation import (
     InvalidSettingError,
     check_action_dist_together,
-    check_bool,
     check_network_learning_rates,
-    check_policy_kwargs,
     linear_schedule_start,
 )
 
@@ -120,17 +119,6 @@ def network_parameters(policy: nn.Module) -> dict[str, list[nn.Parameter]]:
             "policy_kwargs=dict(share_features_extractor=False) to give each network its own extractor"
         )
     return groups
-
-
-def _check_boolean_kwargs(kwargs: dict[str, Any]) -> None:
-    """The boolean flags of ``ActorCriticPolicy`` among ``kwargs`` must be booleans (a string "false" is truthy)."""
-    for name in ("ortho_init", "share_features_extractor", "normalize_images"):
-        if name in kwargs:
-            check_bool(name, kwargs[name])
-    # SB3 saves the gSDE-only flags as None when gSDE is off (``_get_constructor_parameters``).
-    for name in ("full_std", "use_expln"):
-        if name in kwargs:
-            check_bool(name, kwargs[name], allow_none=True)
 
 
 def with_foreach_adam(kwargs: dict[str, Any], fused: bool = False) -> dict[str, Any]:
@@ -364,13 +352,12 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         **kwargs: Any,
     ):
         is_box = isinstance(action_space, spaces.Box)
-        fast = bool(check_bool("fast", fast))
-        # A string such as "false" is truthy and would switch the feature on: booleans must be booleans.
-        squash_output = check_bool("squash_output", squash_output, allow_none=True)
-        state_dependent_std = bool(check_bool("state_dependent_std", state_dependent_std))
-        use_sde = bool(check_bool("use_sde", kwargs.get("use_sde", False)))
-        _check_boolean_kwargs(kwargs)
-        check_policy_kwargs(kwargs)  # log_std_init, and the LSTM's arguments of RecurrentPPOExt's policies
+        # Each by its row of the parameter table (a string such as "false" is truthy: booleans must be booleans).
+        own = {"fast": fast, "squash_output": squash_output, "state_dependent_std": state_dependent_std}
+        check_policy_kwargs({**own, **kwargs})
+        ALGORITHM_RULES["use_sde"].judge("use_sde", kwargs.get("use_sde", False))
+        fast, state_dependent_std, use_sde = bool(fast), bool(state_dependent_std), bool(kwargs.get("use_sde", False))
+        squash_output = None if squash_output is None else bool(squash_output)
         check_action_dist_together(
             action_dist,
             squash_output=squash_output,
@@ -700,7 +687,8 @@ class MaskablePPOExtPolicy(CheckedForward, NetworkLearningRates, MaskableActorCr
         fast: bool = False,
         **kwargs: Any,
     ):
-        self.fast = bool(check_bool("fast", fast))
+        check_policy_kwargs({"fast": fast, **kwargs})  # each by its row of the parameter table
+        self.fast = bool(fast)
         if squash_output is not None and squash_output is not False:
             raise ValueError(
                 f"squash_output={squash_output!r} is invalid for MaskablePPOExt: its action spaces (Discrete, "

@@ -15,8 +15,9 @@ from stable_baselines3.common.type_aliases import (
 )
 
 from sb3_ppo_ext.buffers import PiOldDictRolloutBuffer, PiOldRolloutBuffer
-from sb3_ppo_ext.engine import ExtUpdateEngine, NonFiniteLossError, checked_arguments
+from sb3_ppo_ext.engine import ExtUpdateEngine, NonFiniteLossError, extension_arguments
 from sb3_ppo_ext.files import ModelFiles
+from sb3_ppo_ext.parameters import check_arguments
 from sb3_ppo_ext.policies import CnnPolicy, MlpPolicy, MultiInputPolicy
 
 SelfPPOExt = TypeVar("SelfPPOExt", bound="PPOExt")
@@ -134,17 +135,16 @@ class PPOExt(ModelFiles, ExtUpdateEngine, PPO):
         device: th.device | str = "auto",
         _init_setup_model: bool = True,
     ):
-        self._check_arguments(**checked_arguments(locals()))
-        super().__init__(
-            policy,
-            env,
+        # The arguments upstream's constructor takes and the extensions' own, each checked by its row of the
+        # parameter table (sb3_ppo_ext.parameters) before upstream's asserts see them.
+        upstream: dict[str, Any] = dict(
             learning_rate=learning_rate,
             n_steps=n_steps,
             batch_size=batch_size,
             n_epochs=n_epochs,
             gamma=gamma,
             gae_lambda=gae_lambda,
-            clip_range=clip_range,  # type: ignore[arg-type]
+            clip_range=clip_range,
             clip_range_vf=clip_range_vf,
             normalize_advantage=normalize_advantage,
             ent_coef=ent_coef,
@@ -152,10 +152,17 @@ class PPOExt(ModelFiles, ExtUpdateEngine, PPO):
             max_grad_norm=max_grad_norm,
             use_sde=use_sde,
             sde_sample_freq=sde_sample_freq,
-            rollout_buffer_class=rollout_buffer_class,
-            rollout_buffer_kwargs=rollout_buffer_kwargs,
             target_kl=target_kl,
             stats_window_size=stats_window_size,
+        )
+        extensions = extension_arguments(vf_clip_mode, kl_coef, kl_target, kl_adapt_factor, kl_adapt_tolerance, kl_coef_bounds)
+        check_arguments({**upstream, **extensions})
+        super().__init__(
+            policy,
+            env,
+            **upstream,
+            rollout_buffer_class=rollout_buffer_class,
+            rollout_buffer_kwargs=rollout_buffer_kwargs,
             tensorboard_log=tensorboard_log,
             policy_kwargs=policy_kwargs,
             verbose=verbose,
@@ -163,7 +170,7 @@ class PPOExt(ModelFiles, ExtUpdateEngine, PPO):
             device=device,
             _init_setup_model=False,
         )
-        self._init_extensions(vf_clip_mode, kl_coef, kl_target, kl_adapt_factor, kl_adapt_tolerance, kl_coef_bounds)
+        self._init_extensions(**extensions)
 
         if _init_setup_model:
             self._setup_model()

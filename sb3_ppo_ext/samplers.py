@@ -32,7 +32,7 @@ Public functions:
   an Optuna storage is opened.
 
 The sampler is written once, in rl-zoo3's yml form (``learning_rate: lin_0.001``,
-``activation_fn: tanh``); :func:`to_ppo_ext_kwargs` (:func:`sb3_ppo_ext.settings.to_algorithm_kwargs`)
+``activation_fn: tanh``); :func:`to_ppo_ext_kwargs` (:func:`sb3_ppo_ext.parameters.to_algorithm_kwargs`)
 turns that form into objects. The converter
 replays the sampler on an ``optuna.trial.FixedTrial``, so sampler and converter cannot drift apart.
 Importing this module does not import optuna; the functions that need it import it.
@@ -45,9 +45,18 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from sb3_ppo_ext.settings import ACTIVATIONS, SCHEDULE_KEYS, activation_class, algorithm_defaults, to_algorithm_kwargs
+from sb3_ppo_ext.parameters import (
+    ACTIVATIONS,
+    ALGORITHM_RULES,
+    POLICY_KWARG_RULES,
+    SCHEDULE_KEYS,
+    activation_class,
+    signature_defaults,
+    to_algorithm_kwargs,
+)
+from sb3_ppo_ext.ppo_ext import PPOExt
 from sb3_ppo_ext.storage import HEARTBEAT_INTERVAL, MAX_RETRY, StorageError, make_storage
-from sb3_ppo_ext.validation import ACTION_DISTS, check_bool, check_choice, is_int, linear_schedule_start
+from sb3_ppo_ext.validation import ACTION_DISTS, check_choice, is_int, linear_schedule_start
 
 if TYPE_CHECKING:
     import optuna
@@ -212,6 +221,14 @@ def ppo_ext_kwargs_from_params(params: dict[str, Any]) -> dict[str, Any]:
     return to_ppo_ext_kwargs(_replay(params))
 
 
+def _ruled(name: str, value: Any) -> Any:
+    """``value``, after its row of the parameter table judged it (``policy_kwargs.<key>``: the policies' row)."""
+    key = name.removeprefix("policy_kwargs.")
+    rule = POLICY_KWARG_RULES[key] if key != name else ALGORITHM_RULES[key]
+    rule.judge(name, value)
+    return value
+
+
 def _power_of_two(name: str, value: Any, low: int, high: int) -> int:
     exponent = math.log2(value) if is_int(value) and value > 0 else -1.0
     if not exponent.is_integer() or not low <= exponent <= high:
@@ -235,7 +252,7 @@ def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dic
     :raises ValueError: a value outside the search space (names the key, the value and what is allowed)
     """
     # PPOExt's own defaults, from its signature (the settings owner reads them there).
-    get: Callable[[str], Any] = {**algorithm_defaults(), **entry}.get
+    get: Callable[[str], Any] = {**signature_defaults(PPOExt), **entry}.get
     learning_rate = get("learning_rate")
     linear = isinstance(learning_rate, str) and learning_rate.startswith("lin_")
     clip_range = get("clip_range")
@@ -277,23 +294,23 @@ def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dic
     activation = activation_class(policy_kwargs.get("activation_fn", "tanh"))
     params["net_arch"] = names[0]
     params["activation_fn"] = check_choice("activation_fn", activation.__name__.lower(), ["tanh", "relu"])
-    params["ortho_init"] = check_bool("policy_kwargs.ortho_init", policy_kwargs.get("ortho_init", True))
+    params["ortho_init"] = _ruled("policy_kwargs.ortho_init", policy_kwargs.get("ortho_init", True))
     params.update(_learning_rate_params(policy_kwargs.get("learning_rates"), learning_rate))
     if not continuous:
         return params
-    squash = check_bool("policy_kwargs.squash_output", policy_kwargs.get("squash_output", True), allow_none=True)
+    squash = _ruled("policy_kwargs.squash_output", policy_kwargs.get("squash_output", True))
     params["squash"] = squash is not False
-    action_dist = check_choice("policy_kwargs.action_dist", policy_kwargs.get("action_dist", "gaussian"), ACTION_DISTS)
+    action_dist = _ruled("policy_kwargs.action_dist", policy_kwargs.get("action_dist", "gaussian"))
     if params["squash"]:
         params["action_dist"] = action_dist
     if action_dist == "beta":
         _check_in_space(params, continuous)
         return params
-    if check_bool("use_sde", get("use_sde")):
+    if _ruled("use_sde", get("use_sde")):
         params["exploration"] = "gsde"
         params["sde_sample_freq"] = check_choice("sde_sample_freq", get("sde_sample_freq"), SDE_SAMPLE_FREQS)
     else:
-        state_dependent = check_bool("policy_kwargs.state_dependent_std", policy_kwargs.get("state_dependent_std", False))
+        state_dependent = _ruled("policy_kwargs.state_dependent_std", policy_kwargs.get("state_dependent_std", False))
         params["exploration"] = "state_dependent_std" if state_dependent else "gaussian"
     params["log_std_init"] = float(policy_kwargs.get("log_std_init", 0.0))
     if params["squash"]:

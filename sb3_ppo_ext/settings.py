@@ -6,8 +6,9 @@ checks one whole entry: unknown keys (with the closest valid name), reserved key
 parameter takes ints, numpy ints included, never ``2.0``; a boolean takes ``true`` / ``false``,
 never the string ``"false"``), ranges, schedules (``learning_rate: lin_3e-4``) and the contents of
 ``policy_kwargs`` (names from the policy class's constructor chain, booleans, activation names,
-``net_arch``); then the algorithm's own argument check (``_check_arguments``) runs on the entry
-merged over the algorithm's defaults, for the rules that tie parameters together.
+``net_arch``), each by its row of the parameter table (:mod:`sb3_ppo_ext.parameters`); then the
+algorithm's argument check (:func:`sb3_ppo_ext.parameters.check_arguments`) runs on the entry merged
+over the algorithm's defaults, for the rules that tie parameters together.
 
 The checks are parameterised by the algorithm class, not written for PPOExt: valid parameter
 names come from the class's ``__init__`` signature, ``policy_kwargs`` names from the policy class
@@ -23,29 +24,36 @@ check its key names. Importing this module imports neither rl_zoo3 nor optuna.
 from __future__ import annotations
 
 import ast
-import difflib
-import importlib
 import inspect
 import math
-import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
-from stable_baselines3.common.utils import LinearSchedule
-from torch import nn
 
-from sb3_ppo_ext import validation
-from sb3_ppo_ext.validation import InvalidSettingError
+from sb3_ppo_ext import samplers, validation
+from sb3_ppo_ext.maskable import MaskablePPOExt
+from sb3_ppo_ext.parameters import (  # re-exported: the settings owner's names for them
+    ACTIVATIONS,
+    ALGORITHM_RULES,
+    POLICY_KWARG_RULES,
+    SCHEDULE_KEYS,
+    activation_class,
+    check_arguments,
+    check_policy_kwargs_together,
+    policy_parameters,
+    to_algorithm_kwargs,
+    unknown_key,
+    unknown_policy_kwarg,
+)
+from sb3_ppo_ext.ppo_ext import PPOExt
+from sb3_ppo_ext.recurrent import RecurrentPPOExt
+from sb3_ppo_ext.validation import InvalidSettingError, SettingsError
 
 HYPERPARAMS_DIR = Path(__file__).resolve().parent / "hyperparams"
 PPO_EXT_YML = HYPERPARAMS_DIR / "ppo_ext.yml"
-
-
-class SettingsError(InvalidSettingError):
-    """A settings entry or file is invalid: the message names the file, the entry, each key and the problem."""
 
 
 @dataclass(frozen=True)
@@ -54,37 +62,30 @@ class AlgorithmSpec:
     One algorithm of this package, as the settings owner and rl-zoo3 know it.
 
     :param name: rl-zoo3's ``--algo`` name (a key of ``rl_zoo3.utils.ALGOS``)
-    :param algorithm: the class, as ``"module:Class"`` (imported when first needed)
+    :param algorithm: the class
     :param hyperparams: default hyperparameter file (``--conf-file``); ``None``: rl-zoo3's own lookup
-    :param sampler: ``"module:function"`` for ``HYPERPARAMS_SAMPLER`` (``-optimize``), or ``None``
-    :param converter: ``"module:function"`` for ``HYPERPARAMS_CONVERTER`` (``--trial-id``), or ``None``
-    :param check_arguments: ``"module:callable"``, the algorithm's argument check, called with the
-        entry's values (over the class's defaults) for the names it takes; it raises
-        :class:`~sb3_ppo_ext.validation.InvalidSettingError`. Default: PPOExt's, which the PPO family shares.
+    :param sampler: the function for ``HYPERPARAMS_SAMPLER`` (``-optimize``), or ``None``
+    :param converter: the function for ``HYPERPARAMS_CONVERTER`` (``--trial-id``), or ``None``
+    :param check_arguments: the algorithm's argument check, called as ``check_arguments(arguments, n_envs=...)``
+        with the entry's values (over the class's defaults) of the names with a row in
+        :data:`~sb3_ppo_ext.parameters.ALGORITHM_RULES`; it raises
+        :class:`~sb3_ppo_ext.validation.InvalidSettingError`. Default: the PPO family's,
+        :func:`sb3_ppo_ext.parameters.check_arguments`; ``None``: none.
     :param masked: whether the algorithm needs action masks (the env must provide ``action_masks()``;
         rl-zoo3's evaluation and ``enjoy`` then pass the masks to ``predict``)
     """
 
     name: str
-    algorithm: str
+    algorithm: type
     hyperparams: Path | None = None
-    sampler: str | None = None
-    converter: str | None = None
-    check_arguments: str | None = "sb3_ppo_ext.ppo_ext:PPOExt._check_arguments"
+    sampler: Callable[..., dict[str, Any]] | None = None
+    converter: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    check_arguments: Callable[..., None] | None = check_arguments
     masked: bool = False
 
     def algorithm_class(self) -> type:
         """The algorithm class."""
-        return import_object(self.algorithm)
-
-
-def import_object(path: str) -> Any:
-    """The object named ``"package.module:attribute"`` (``attribute`` may be dotted: ``Class.method``)."""
-    module, _, attribute = path.partition(":")
-    value = importlib.import_module(module)
-    for name in attribute.split("."):
-        value = getattr(value, name)
-    return value
+        return self.algorithm
 
 
 # This package's algorithms, by rl-zoo3 name. Registering another one (same settings checks, same
@@ -93,25 +94,21 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
     spec.name: spec
     for spec in (
         AlgorithmSpec(
-            "ppo_ext",
-            "sb3_ppo_ext.ppo_ext:PPOExt",
-            PPO_EXT_YML,
-            sampler="sb3_ppo_ext.samplers:sample_zoo_params",
-            converter="sb3_ppo_ext.samplers:convert_zoo_params",
+            "ppo_ext", PPOExt, PPO_EXT_YML, sampler=samplers.sample_zoo_params, converter=samplers.convert_zoo_params
         ),
         AlgorithmSpec(
             "ppo_lstm_ext",
-            "sb3_ppo_ext.recurrent:RecurrentPPOExt",
+            RecurrentPPOExt,
             HYPERPARAMS_DIR / "ppo_lstm_ext.yml",
-            sampler="sb3_ppo_ext.samplers:sample_recurrent_zoo_params",
-            converter="sb3_ppo_ext.samplers:convert_recurrent_zoo_params",
+            sampler=samplers.sample_recurrent_zoo_params,
+            converter=samplers.convert_recurrent_zoo_params,
         ),
         AlgorithmSpec(
             "ppo_mask_ext",
-            "sb3_ppo_ext.maskable:MaskablePPOExt",
+            MaskablePPOExt,
             HYPERPARAMS_DIR / "ppo_mask_ext.yml",
-            sampler="sb3_ppo_ext.samplers:sample_maskable_zoo_params",
-            converter="sb3_ppo_ext.samplers:convert_maskable_zoo_params",
+            sampler=samplers.sample_maskable_zoo_params,
+            converter=samplers.convert_maskable_zoo_params,
             masked=True,
         ),
     )
@@ -120,51 +117,6 @@ DEFAULT_ALGO = "ppo_ext"
 
 # Keyword arguments that rl-zoo3 passes to the algorithm itself: an entry may not set them.
 RESERVED_KEYS = frozenset({"env", "tensorboard_log", "seed", "verbose", "device", "_init_setup_model"})
-# Parameters that take rl-zoo3's ``lin_<x>`` schedule strings (a linear schedule from x to 0).
-SCHEDULE_KEYS = ("learning_rate", "clip_range", "clip_range_vf")
-# Arguments the algorithm passes to the policy itself: not valid in policy_kwargs.
-_POLICY_ARGUMENTS_SET_BY_ALGORITHM = frozenset({"self", "observation_space", "action_space", "lr_schedule", "use_sde"})
-
-ACTIVATIONS: dict[str, type[nn.Module]] = {
-    "tanh": nn.Tanh,
-    "relu": nn.ReLU,
-    "elu": nn.ELU,
-    "leaky_relu": nn.LeakyReLU,
-    "gelu": nn.GELU,
-    "silu": nn.SiLU,
-}
-
-
-def activation_class(name: str) -> type[nn.Module]:
-    """The torch activation for ``tanh`` / ``relu`` / ... (also ``nn.Tanh``, ``torch.nn.ReLU``); no ``eval``."""
-    key = re.sub(r"^(torch\.)?nn\.", "", name.strip())
-    by_class_name = {cls.__name__: cls for cls in ACTIVATIONS.values()}
-    if key.lower() in ACTIVATIONS:
-        return ACTIVATIONS[key.lower()]
-    if key in by_class_name:
-        return by_class_name[key]
-    raise SettingsError(f"activation_fn={name!r} is not one of {sorted(ACTIVATIONS)} (or their nn.* class names)")
-
-
-def to_algorithm_kwargs(entry: Mapping[str, Any]) -> dict[str, Any]:
-    """
-    Turn settings in rl-zoo3's yml form into keyword arguments of the algorithm.
-
-    ``lin_<x>`` strings of :data:`SCHEDULE_KEYS` become linear schedules from x to 0, and
-    ``policy_kwargs["activation_fn"]`` names become torch classes.
-
-    :param entry: settings as a yml entry or the sampler gives them
-    :return: a new dict
-    """
-    kwargs = dict(entry)
-    for key in SCHEDULE_KEYS:
-        start = validation.linear_schedule_start(kwargs.get(key))
-        if start is not None:
-            kwargs[key] = LinearSchedule(start, 0.0, 1.0)
-    policy_kwargs = kwargs.get("policy_kwargs")
-    if isinstance(policy_kwargs, Mapping) and isinstance(policy_kwargs.get("activation_fn"), str):
-        kwargs["policy_kwargs"] = {**policy_kwargs, "activation_fn": activation_class(policy_kwargs["activation_fn"])}
-    return kwargs
 
 
 # --- rules for single values -------------------------------------------------------------------
@@ -251,12 +203,15 @@ def _typed_by_default_problem(key: str, value: Any, default: Any) -> str | None:
 
 
 def _algorithm_value_problem(key: str, value: Any, default: Any) -> str | None:
-    if key in SCHEDULE_KEYS:
-        return _schedule_problem(key, value)
+    rule = ALGORITHM_RULES.get(key)
+    if rule is not None and rule.schedule:  # yml strings first; numbers and callables by the row
+        if isinstance(value, str) or value is None:
+            return _schedule_problem(key, value)
+        return _schedule_problem(key, value) or _check(rule.judge, key, value)
     if problem := _typed_by_default_problem(key, value, default):
         return problem
-    if key in validation.PPO_ARGUMENT_CHECKS and value is not None:
-        return _check(validation.PPO_ARGUMENT_CHECKS[key], key, value)
+    if rule is not None:
+        return _check(rule.judge, key, value)
     if key.endswith("_kwargs") and value is not None and not isinstance(value, Mapping):
         return _wrong_type(key, value, "a mapping")
     return None
@@ -295,83 +250,21 @@ class _NotLiteral:
 _NOT_LITERAL = _NotLiteral()
 
 
-def unknown_key(key: Any, allowed: list[str], where: str = "") -> str:
-    close = difflib.get_close_matches(str(key), allowed, n=1)
-    return f"unknown key {key!r}{where}" + (f" (did you mean '{close[0]}'?)" if close else "")
-
-
-def policy_parameters(policy_class: type) -> dict[str, Any]:
-    """
-    The ``policy_kwargs`` a policy class takes, with their defaults: the keyword parameters of its
-    ``__init__`` and, while an ``__init__`` passes ``**kwargs`` on, of its base classes' (less the
-    arguments the algorithm passes itself: spaces, ``lr_schedule``, ``use_sde``).
-
-    :param policy_class: e.g. ``PPOExt.policy_aliases["MlpPolicy"]``
-    :return: parameter name -> default (``inspect.Parameter.empty`` when it has none)
-    """
-    parameters: dict[str, Any] = {}
-    for klass in policy_class.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None:
-            continue
-        signature = inspect.signature(init)
-        for parameter in signature.parameters.values():
-            if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
-                parameters.setdefault(parameter.name, parameter.default)
-        if not any(p.kind == p.VAR_KEYWORD for p in signature.parameters.values()):
-            break
-    return {name: default for name, default in parameters.items() if name not in _POLICY_ARGUMENTS_SET_BY_ALGORITHM}
-
-
-def _net_arch_problem(value: Any) -> str | None:
-    def layers_ok(layers: Any) -> bool:
-        return isinstance(layers, (list, tuple)) and all(validation.is_int(n) and n >= 1 for n in layers)
-
-    if layers_ok(value) or (
-        isinstance(value, Mapping) and set(value) <= {"pi", "vf", "qf"} and all(layers_ok(v) for v in value.values())
-    ):
-        return None
-    return f"'policy_kwargs.net_arch: {value!r}' is invalid: expected a list of layer sizes or dict(pi=[...], vf=[...])"
-
-
 def _policy_kwarg_problem(key: str, value: Any, default: Any) -> str | None:
     name = f"policy_kwargs.{key}"
     if value is _NOT_LITERAL:
         return None
-    if key in validation.POLICY_KWARG_CHECKS:  # the policies' own checks (range, the LSTM's arguments)
-        return _typed_by_default_problem(name, value, default) or _check(validation.POLICY_KWARG_CHECKS[key], name, value)
-    if key == "activation_fn":
-        if isinstance(value, str):
-            return _check(activation_class, value)
-        if not (isinstance(value, type) and issubclass(value, nn.Module)):
-            return f"'{name}: {value!r}' is invalid: expected an activation name such as tanh or relu"
-        return None
-    if key == "net_arch":
-        return None if value is None else _net_arch_problem(value)
-    if key == "squash_output" or isinstance(default, bool):
-        return _check(validation.check_bool, name, value, key == "squash_output" or default is None)
-    if key == "log_std_bounds":
-        return None if value is None else _check(validation.check_real_pair, name, value)
-    if key == "entropy_estimator" and value is not None:
-        from sb3_ppo_ext.distributions import ENTROPY_ESTIMATORS
-
-        return _check(validation.check_choice, name, value, ENTROPY_ESTIMATORS)
+    rule = POLICY_KWARG_RULES.get(key)
+    if rule is not None:  # the row's rule, after the type its default implies (a boolean's rule says it itself)
+        typed = None if rule.kind == "bool" else _typed_by_default_problem(name, value, default)
+        return typed or _check(rule.judge, name, value)
+    if isinstance(default, bool):
+        return _check(validation.check_bool, name, value)
     if key.endswith("_kwargs") and value is not None and not isinstance(value, Mapping):
         return _wrong_type(name, value, "a mapping")
-    if isinstance(default, (int, float)) and not isinstance(default, bool):
+    if isinstance(default, (int, float)):
         return _typed_by_default_problem(name, value, default)
     return None
-
-
-def unknown_policy_kwarg(key: Any, policy_class: type, parameters: Mapping[str, Any] | None = None) -> str:
-    """
-    The problem of a ``policy_kwargs`` key that ``policy_class``'s constructor chain does not take,
-    with the closest valid name: ``unknown key 'squash_outputs' in policy_kwargs of ... (did you mean ...)``.
-
-    :param parameters: ``policy_parameters(policy_class)``, when already computed
-    """
-    names = sorted(policy_parameters(policy_class) if parameters is None else parameters)
-    return unknown_key(key, names, f" in policy_kwargs of {policy_class.__name__}")
 
 
 def _policy_kwargs_problems(algorithm: type, policy: Any, policy_kwargs: Any) -> list[str]:
@@ -395,7 +288,7 @@ def _policy_kwargs_problems(algorithm: type, policy: Any, policy_kwargs: Any) ->
             problems.append(unknown_policy_kwarg(key, policy_class, parameters))
         elif problem := _policy_kwarg_problem(key, value, parameters[key]):
             problems.append(problem)
-    if not problems and (problem := _check(validation.check_policy_kwargs_together, policy_kwargs)):
+    if not problems and (problem := _check(check_policy_kwargs_together, policy_kwargs)):
         problems.append(problem)
     return problems
 
@@ -504,25 +397,13 @@ def entry_problems(entry: Any, algo: str = DEFAULT_ALGO, whole: bool = True) -> 
 
 
 def _whole_entry_problems(spec: AlgorithmSpec, parameters: dict[str, Any], entry: Mapping[str, Any]) -> list[str]:
-    """The algorithm's own argument check on the entry merged over the algorithm's defaults."""
-    merged = {**parameters, **to_algorithm_kwargs({k: v for k, v in entry.items() if k in parameters})}
-    # n_envs is absent once rl-zoo3 has consumed it: the algorithm checks n_steps * n_envs then.
-    merged["n_envs"] = entry.get("n_envs")
+    """The algorithm's argument check on the entry merged over the algorithm's defaults."""
     if spec.check_arguments is None:
         return []
-    check_arguments = import_object(spec.check_arguments)
-    signature = inspect.signature(check_arguments)
-    names = {n for n, p in signature.parameters.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
-    if any(p.kind == p.VAR_KEYWORD for p in signature.parameters.values()):
-        names |= set(validation.PPO_ARGUMENT_CHECKS)
-    required = {n for n, p in signature.parameters.items() if p.default is p.empty and n in names}
-    if required - set(merged):
-        raise TypeError(
-            f"{spec.check_arguments} needs {sorted(required - set(merged))}, which {spec.algorithm} does not take: "
-            f"give AlgorithmSpec({spec.name!r}) another check_arguments (or None)"
-        )
+    merged = {**parameters, **to_algorithm_kwargs({k: v for k, v in entry.items() if k in parameters})}
     try:
-        check_arguments(**{name: merged[name] for name in names if name in merged and name != "check_schedules"})
+        # n_envs is absent once rl-zoo3 has consumed it: the algorithm checks n_steps * n_envs then.
+        spec.check_arguments({name: merged[name] for name in ALGORITHM_RULES if name in merged}, n_envs=entry.get("n_envs"))
     except InvalidSettingError as error:
         return [str(error)]
     return []
@@ -586,3 +467,30 @@ def load_hyperparams(env_id: str, path: str | Path = PPO_EXT_YML, algo: str = DE
         raise KeyError(f"{path}: no entry for {env_id!r} and no 'default' entry")
     label = f"entry {env_id!r}" if name == env_id else f"entry {name!r} for {env_id!r}"
     return check_entry(entries[name], f"{path} ({label})", algo)
+
+
+__all__ = [
+    "ACTIVATIONS",
+    "ALGORITHMS",
+    "DEFAULT_ALGO",
+    "HYPERPARAMS_DIR",
+    "PPO_EXT_YML",
+    "RESERVED_KEYS",
+    "SCHEDULE_KEYS",
+    "ZOO_KEY_CHECKS",
+    "AlgorithmSpec",
+    "SettingsError",
+    "activation_class",
+    "algorithm_defaults",
+    "algorithm_parameters",
+    "algorithm_spec",
+    "check_entry",
+    "entry_problems",
+    "load_hyperparams",
+    "policy_parameters",
+    "read_entries",
+    "select_entry",
+    "to_algorithm_kwargs",
+    "unknown_key",
+    "unknown_policy_kwarg",
+]

@@ -1,4 +1,4 @@
-"""Input validators: the one copy used by the algorithms, the settings owner, the callbacks and the samplers.
+"""Input validators: the primitives of the parameter rules (:mod:`sb3_ppo_ext.parameters`), used by every check.
 
 Every check raises :class:`InvalidSettingError` with a message naming the parameter, the value and
 what is allowed. It is a ``ValueError`` and also an ``AssertionError``: Stable-Baselines3's PPO
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,6 +28,10 @@ class InvalidSettingError(ValueError, AssertionError):
     An invalid setting. A ``ValueError`` whose message names the parameter, the value and what is
     allowed; also an ``AssertionError``, as Stable-Baselines3's PPO asserts the settings it checks.
     """
+
+
+class SettingsError(InvalidSettingError):
+    """A settings entry or file is invalid: the message names the file, the entry, each key and the problem."""
 
 
 def is_real(value: Any) -> bool:
@@ -193,25 +197,6 @@ def check_number_or_schedule(
         raise InvalidSettingError(f"{name}={value!r} is invalid: expected {allowed}")
 
 
-# Checks of the arguments that the PPO family shares with SB3's PPO, by name (each takes the name and
-# the value). PPO accepts numpy scalars for each; a float is not an int. ``learning_rate`` (a number
-# or a schedule) is checked by the algorithm with :func:`check_number_or_schedule`.
-PPO_ARGUMENT_CHECKS: dict[str, Callable[[str, Any], Any]] = {
-    "learning_rate": lambda name, value: None,
-    "n_steps": check_positive_int,
-    "batch_size": check_positive_int,
-    "n_epochs": check_positive_int,
-    "gamma": lambda name, value: check_real(name, value, low=0.0, high=1.0, strict=False),
-    "gae_lambda": lambda name, value: check_real(name, value, low=0.0, high=1.0, strict=False),
-    "ent_coef": check_real,
-    "vf_coef": check_real,
-    "normalize_advantage": check_bool,
-    "use_sde": check_bool,
-    "sde_sample_freq": lambda name, value: check_int(name, value, low=None),
-    "stats_window_size": check_positive_int,
-}
-
-
 def linear_schedule_start(value: Any) -> float | None:
     """
     The initial value ``x`` of rl-zoo3's linear schedule string ``"lin_<x>"`` (a schedule from ``x``
@@ -306,53 +291,5 @@ def check_action_dist_together(
             )
 
 
-# Checks of policy keyword arguments (``policy_kwargs``) by name, each taking the name and the value: the
-# policies of this package run them at construction, the settings owner on yml entries and ``-params``.
-POLICY_KWARG_CHECKS: dict[str, Callable[[str, Any], Any]] = {
-    "log_std_init": check_real,
-    "lstm_hidden_size": check_positive_int,
-    "n_lstm_layers": check_positive_int,
-    "lstm_kwargs": check_lstm_kwargs,
-    "action_dist": lambda name, value: check_choice(name, value, ACTION_DISTS),
-    "learning_rates": check_network_learning_rates,
-}
-
-
-_BETA_EXCLUDED_KWARGS = ("squash_output", "state_dependent_std", "log_std_bounds", "entropy_estimator", "log_std_init")
-
-
-def check_policy_kwargs_together(policy_kwargs: Mapping[str, Any]) -> None:
-    """
-    An :class:`InvalidSettingError` for policy keyword arguments that exclude each other: sb3-contrib's LSTM
-    policies share the LSTM (``shared_lstm=True``) only without a critic LSTM of its own
-    (``enable_critic_lstm``, default True) and with a shared features extractor. The Beta head
-    excludes the Gaussian head's settings (:func:`check_action_dist_together`).
-    """
-    if "action_dist" in policy_kwargs:
-        check_action_dist_together(
-            policy_kwargs["action_dist"],
-            **{key: policy_kwargs[key] for key in _BETA_EXCLUDED_KWARGS if key in policy_kwargs},
-        )
-    if policy_kwargs.get("shared_lstm") is not True:
-        return
-    if policy_kwargs.get("enable_critic_lstm", True) is True:
-        raise InvalidSettingError(
-            "policy_kwargs.shared_lstm=True is invalid with policy_kwargs.enable_critic_lstm=True (its default): "
-            "the critic either shares the actor's LSTM or has its own; set enable_critic_lstm=False to share it"
-        )
-    if policy_kwargs.get("share_features_extractor", True) is False:
-        raise InvalidSettingError(
-            "policy_kwargs.shared_lstm=True is invalid with policy_kwargs.share_features_extractor=False: "
-            "a shared LSTM needs the shared features extractor"
-        )
-
-
-def check_policy_kwargs(policy_kwargs: Mapping[str, Any]) -> None:
-    """
-    An :class:`InvalidSettingError` naming ``policy_kwargs.<key>`` for any invalid policy keyword argument
-    among :data:`POLICY_KWARG_CHECKS`, then for those that exclude each other (:func:`check_policy_kwargs_together`).
-    """
-    for key, check in POLICY_KWARG_CHECKS.items():
-        if key in policy_kwargs:
-            check(f"policy_kwargs.{key}", policy_kwargs[key])
-    check_policy_kwargs_together(policy_kwargs)
+# The Gaussian head's settings that the Beta head excludes (see :func:`check_action_dist_together`).
+BETA_EXCLUDED_KWARGS = ("squash_output", "state_dependent_std", "log_std_bounds", "entropy_estimator", "log_std_init")

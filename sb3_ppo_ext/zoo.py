@@ -252,9 +252,9 @@ def _patch_create_test_env(utils: ModuleType) -> None:
 def _register_sampler(hyperparams_opt: ModuleType) -> None:
     for name, spec in settings.ALGORITHMS.items():
         if spec.sampler is not None:
-            hyperparams_opt.HYPERPARAMS_SAMPLER.setdefault(name, settings.import_object(spec.sampler))
+            hyperparams_opt.HYPERPARAMS_SAMPLER.setdefault(name, spec.sampler)
         if spec.converter is not None:
-            hyperparams_opt.HYPERPARAMS_CONVERTER.setdefault(name, settings.import_object(spec.converter))
+            hyperparams_opt.HYPERPARAMS_CONVERTER.setdefault(name, spec.converter)
 
 
 # --- rl_zoo3.exp_manager ---------------------------------------------------------------------

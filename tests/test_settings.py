@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from sb3_ppo_ext import settings
+from sb3_ppo_ext import MaskablePPOExt, RecurrentPPOExt, settings
 from sb3_ppo_ext.hyperparams import HyperparamsError, load_hyperparams
 from sb3_ppo_ext.settings import SettingsError, check_entry, entry_problems, policy_parameters
 from sb3_ppo_ext.validation import InvalidSettingError
@@ -50,7 +50,7 @@ ENTRY_ERRORS = [
 ]
 
 
-# RecurrentPPOExt's LSTM policy_kwargs, and log_std_init, judged by the policies' own checks (validation.POLICY_KWARG_CHECKS).
+# RecurrentPPOExt's LSTM policy_kwargs, and log_std_init, judged by their rows of parameters.POLICY_KWARG_RULES.
 LSTM_POLICY_KWARG_ERRORS = [
     ({"lstm_hidden_size": 0}, r"policy_kwargs\.lstm_hidden_size=0 is invalid: expected an int >= 1"),
     ({"n_lstm_layers": 0}, r"policy_kwargs\.n_lstm_layers=0 is invalid: expected an int >= 1"),
@@ -135,19 +135,21 @@ def test_policy_parameters_follow_the_constructor_chain():
 
 
 @pytest.mark.parametrize(
-    "path, policy, good_policy_kwargs",
+    "algorithm, policy, good_policy_kwargs",
     [
         (
-            "sb3_ppo_ext.recurrent:RecurrentPPOExt",
+            RecurrentPPOExt,
             "MlpLstmPolicy",
             {"lstm_hidden_size": 32, "n_lstm_layers": 1, "shared_lstm": False, "enable_critic_lstm": True, "lstm_kwargs": {}},
         ),
-        ("sb3_ppo_ext.maskable:MaskablePPOExt", "MlpPolicy", {"net_arch": [64], "ortho_init": False}),
+        (MaskablePPOExt, "MlpPolicy", {"net_arch": [64], "ortho_init": False}),
     ],
 )
-def test_settings_are_parameterised_by_the_algorithm_class(monkeypatch: pytest.MonkeyPatch, path, policy, good_policy_kwargs):
+def test_settings_are_parameterised_by_the_algorithm_class(
+    monkeypatch: pytest.MonkeyPatch, algorithm, policy, good_policy_kwargs
+):
     """An algorithm added to the table gets its own names, its policy's policy_kwargs and the shared argument check."""
-    spec = settings.AlgorithmSpec("algo_under_test", path)
+    spec = settings.AlgorithmSpec("algo_under_test", algorithm)
     monkeypatch.setitem(settings.ALGORITHMS, spec.name, spec)
     entry = {"policy": policy, "n_steps": 128, "kl_coef": 1.0, "kl_target": 0.01, "policy_kwargs": good_policy_kwargs}
     assert entry_problems(entry, spec.name) == []
@@ -258,7 +260,7 @@ def test_zoo_continue_with_i_uses_the_beta_rule(tmp_path: Path, saved: dict, par
 
 
 # The Beta head's and the per-network learning rates' policy_kwargs, judged by the policies' own checks
-# (validation.POLICY_KWARG_CHECKS and check_policy_kwargs_together): the settings check and construction agree.
+# (parameters.POLICY_KWARG_RULES and check_policy_kwargs_together): the settings check and construction agree.
 HEAD_AND_RATE_ERRORS = [
     ({"action_dist": "gamma"}, r"policy_kwargs\.action_dist='gamma' is invalid: expected one of \('gaussian', 'beta'\)"),
     (

@@ -12,6 +12,7 @@ from gymnasium import spaces
 from stable_baselines3 import PPO
 
 from sb3_ppo_ext import PPOExt
+from sb3_ppo_ext.parameters import check_arguments
 from sb3_ppo_ext.policies import CnnPolicy, MlpPolicy
 from sb3_ppo_ext.validation import (
     InvalidSettingError,
@@ -168,8 +169,8 @@ def test_non_finite_bounds_with_the_squashed_head_are_an_error():
     MlpPolicy(spaces.Box(-1.0, 1.0, (3,)), action_space, lambda _: 1e-3, squash_output=False)
 
 
-def test_check_arguments_stays_callable_with_its_keyword_arguments():
-    """MaskablePPOExt / RecurrentPPOExt reuse ``PPOExt._check_arguments`` with these keyword arguments."""
+def test_check_arguments_takes_any_subset_of_the_table():
+    """The three algorithms check their arguments with the one table's ``check_arguments``, on any subset of its rows."""
     arguments = dict(
         clip_range=0.2,
         clip_range_vf=None,
@@ -182,12 +183,12 @@ def test_check_arguments_stays_callable_with_its_keyword_arguments():
         max_grad_norm=np.float32(0.5),
         target_kl=None,
     )
-    PPOExt._check_arguments(**arguments)
-    PPOExt._check_arguments(**arguments, check_schedules=False, n_epochs=np.int64(3), gamma=0.9)
+    check_arguments(arguments)
+    check_arguments({**arguments, "n_epochs": np.int64(3), "gamma": 0.9}, check_schedules=False)
     with pytest.raises(InvalidSettingError, match="n_epochs=0"):
-        PPOExt._check_arguments(**arguments, n_epochs=0)
+        check_arguments({**arguments, "n_epochs": 0})
     with pytest.raises(TypeError, match="unexpected arguments"):
-        PPOExt._check_arguments(**arguments, n_epoch=3)
+        check_arguments({**arguments, "n_epoch": 3})
 
 
 @pytest.mark.parametrize(
