@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch as th
 from gymnasium import spaces
+from helpers import TINY
 from scipy import integrate, stats
 from stable_baselines3 import PPO
 from stable_baselines3.common.logger import configure
@@ -23,7 +24,6 @@ from sb3_ppo_ext.validation import InvalidSettingError
 
 LOW, HIGH = np.array([-1.0, 0.0, -2.0]), np.array([3.0, 0.5, 2.0])
 BETA = dict(net_arch=[16], action_dist="beta")
-TINY = dict(n_steps=32, batch_size=16, n_epochs=2, seed=0)
 
 
 def beta_head(z, dtype=th.float64, low=LOW, high=HIGH):

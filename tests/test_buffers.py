@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch as th
 from gymnasium import spaces
+from helpers import TINY
 from sb3_contrib import RecurrentPPO
 from sb3_contrib.common.envs import InvalidActionEnvDiscrete
 from sb3_contrib.common.maskable.buffers import MaskableDictRolloutBuffer, MaskableRolloutBuffer
@@ -28,7 +29,6 @@ from sb3_ppo_ext.buffers import (
     PiOldRolloutBuffer,
 )
 
-TINY = dict(n_steps=32, batch_size=16, n_epochs=2, seed=0)
 LSTM = dict(lstm_hidden_size=8, net_arch=[8])
 
 

@@ -10,6 +10,7 @@ import site
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -17,6 +18,7 @@ import optuna
 import pytest
 import torch as th
 from gymnasium import spaces
+from helpers import TINY_ONE_BATCH, BrokenRewardEnv, pendulum_vec_env
 from stable_baselines3 import A2C, PPO
 from stable_baselines3.common.callbacks import CallbackList
 from stable_baselines3.common.logger import configure
@@ -572,3 +574,74 @@ def test_zoo_yml_callbacks_are_used(tmp_path):
     # The rate adapted after the last update is the one saved with the model.
     learning_rate = PPOExt.load(saved[0]).learning_rate
     assert learning_rate == pytest.approx(float(changes[-1]), rel=1e-2) and learning_rate < 3e-4
+
+
+@pytest.mark.parametrize(
+    "name, schedule, message",
+    [
+        ("clip_range", {"kind": "linear", "start": 0.2, "end": -0.1}, r"clip_range=-0\.1; clip_range: expected .* > 0"),
+        ("learning_rate", {"kind": "step", "values": [3e-4, 0.0], "boundaries": [0.5]}, r"learning_rate=0\.0; .* > 0"),
+        ("n_epochs", {"kind": "linear", "start": 10, "end": 0.4}, r"n_epochs=0\.4; .*>= 1 \(after rounding"),
+        ("kl_target", {"kind": "piecewise", "points": [[0.0, 0.01], [1.0, -0.01]]}, r"kl_target=-0\.01"),
+        ("gamma", {"kind": "constant", "value": 1.5}, r"gamma=1\.5; .*<= 1"),
+    ],
+)
+def test_parameter_scheduler_rejects_a_schedule_that_leaves_the_range(name: str, schedule: dict, message: str):
+    from sb3_ppo_ext.callbacks import ParameterScheduler
+
+    with pytest.raises(ValueError, match=rf"schedules\['{name}'\]=ParameterSchedule\(.*\) is invalid: it would set {message}"):
+        ParameterScheduler({name: schedule})
+    ParameterScheduler({"ent_coef": {"kind": "linear", "start": 0.01, "end": -0.01}})  # unbounded attributes pass
+
+
+def test_parameter_scheduler_checks_a_callable_schedule_when_it_applies_it():
+    from sb3_ppo_ext.callbacks import ParameterScheduler
+
+    model = PPOExt("MlpPolicy", pendulum_vec_env(), **TINY_ONE_BATCH)
+    scheduler = ParameterScheduler({"clip_range": lambda progress_remaining: 0.2 if progress_remaining > 0.5 else -0.1})
+    with pytest.raises(
+        ValueError, match=r"schedules\['clip_range'\] gives clip_range=-0\.1 at 64 steps; clip_range: expected"
+    ):
+        model.learn(96, callback=scheduler)
+
+
+@pytest.mark.parametrize("algorithm", [PPOExt, PPO])
+def test_health_guard_stops_before_overflowing_rewards_reach_an_update(tmp_path: Path, algorithm):
+    from sb3_ppo_ext.callbacks import TrainingHealthGuard, TrainingHealthWarning
+
+    model = algorithm("MlpPolicy", DummyVecEnv([lambda: BrokenRewardEnv(at=10**9, reward=1e30)]), **TINY_ONE_BATCH)
+    model.learn(64)
+    good = [p.detach().clone() for p in model.policy.parameters()]
+    model.set_env(DummyVecEnv([lambda: BrokenRewardEnv(at=6, reward=1e30)]))
+    guard = TrainingHealthGuard(save_path=str(tmp_path))
+    with pytest.warns(TrainingHealthWarning, match=r"rewards up to 1e\+30 .* overflow the update"):
+        model.learn(128, callback=guard, reset_num_timesteps=False)
+    assert guard.stopped_by == "non_finite" and model.num_timesteps == 70
+    saved = algorithm.load(guard.checkpoint_path, device="cpu")
+    assert all(th.equal(p, q) for p, q in zip(saved.policy.parameters(), good, strict=True))
+
+
+def test_health_guard_stop_keeps_the_beta_from_before_the_bad_update(tmp_path: Path):
+    from sb3_ppo_ext.callbacks import TrainingHealthGuard, TrainingHealthWarning
+
+    reference = PPOExt("MlpPolicy", pendulum_vec_env(), kl_coef=1.0, kl_target=1e-9, **TINY_ONE_BATCH)
+    reference.learn(32)
+    assert reference.current_kl_coef != 1.0  # one update adapts beta
+    model = PPOExt("MlpPolicy", pendulum_vec_env(), kl_coef=1.0, kl_target=1e-9, **TINY_ONE_BATCH)
+    guard = TrainingHealthGuard(responses={"kl": "stop"}, kl_target=1e-9, kl_limit=1.0, save_path=str(tmp_path))
+    with pytest.warns(TrainingHealthWarning, match="train/kl"):
+        model.learn(128, callback=guard)
+    assert guard.stopped_by == "kl" and model.current_kl_coef == 1.0
+    assert PPOExt.load(guard.checkpoint_path, device="cpu").current_kl_coef == 1.0
+
+
+def test_parameter_scheduler_sets_the_beta_of_a_fixed_penalty_and_refuses_an_adaptive_one():
+    from sb3_ppo_ext.callbacks import ParameterScheduler
+
+    model = PPOExt("MlpPolicy", pendulum_vec_env(), kl_coef=1.0, **TINY_ONE_BATCH)
+    model.set_logger(configure(None, []))
+    model.learn(64, callback=ParameterScheduler({"kl_coef": {"kind": "constant", "value": 0.25}}))
+    assert model.logger.name_to_value["train/kl_coef"] == 0.25 and model.current_kl_coef == 0.25
+    adaptive = PPOExt("MlpPolicy", pendulum_vec_env(), kl_coef=1.0, kl_target=0.01, **TINY_ONE_BATCH)
+    with pytest.raises(ValueError, match=r"schedules\['kl_coef'\] is invalid with kl_target=0\.01: .*schedule kl_target"):
+        adaptive.learn(64, callback=ParameterScheduler({"kl_coef": {"kind": "constant", "value": 0.25}}))

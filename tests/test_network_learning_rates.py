@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch as th
 from gymnasium import spaces
+from helpers import TINY
 from sb3_contrib.common.envs import InvalidActionEnvDiscrete
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import configure
@@ -13,8 +14,6 @@ from torch import nn
 from sb3_ppo_ext import MaskablePPOExt, PPOExt, RecurrentPPOExt
 from sb3_ppo_ext.callbacks import KLAdaptiveLR
 from sb3_ppo_ext.validation import InvalidSettingError
-
-TINY = dict(n_steps=32, batch_size=16, n_epochs=2, seed=0)
 
 
 def quiet(model):

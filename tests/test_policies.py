@@ -183,7 +183,13 @@ def _direct_and_upstream(model, obs, deterministic, masks=None):
         ("Pendulum-v1", dict(use_sde=True, squash_output=False, full_std=False, use_expln=True)),
     ],
     ids=[
-        "gaussian", "squashed", "squashed_state_std", "gaussian_state_std", "categorical", "sde_squashed", "sde",
+        "gaussian",
+        "squashed",
+        "squashed_state_std",
+        "gaussian_state_std",
+        "categorical",
+        "sde_squashed",
+        "sde",
         "sde_expln",
     ],
 )

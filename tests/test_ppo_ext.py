@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import torch as th
 from gymnasium import spaces
+from helpers import TINY_NET as TINY
+from helpers import BrokenRewardEnv
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
@@ -24,8 +26,6 @@ from sb3_ppo_ext import NonFiniteLossError, PPOExt
 from sb3_ppo_ext.distributions import TanhSquashedDistribution
 from sb3_ppo_ext.engine import Minibatch
 from sb3_ppo_ext.policies import PPOExtActorCriticPolicy
-
-TINY = dict(n_steps=32, batch_size=16, n_epochs=2, policy_kwargs=dict(net_arch=[16]), seed=0)
 
 OBJECTIVES = {
     "clip": dict(),
@@ -327,24 +327,6 @@ def test_entropy_logged_without_grad_changes_neither_loss_nor_gradient(monkeypat
         assert th.allclose(got, expected, atol=1e-6)
 
 
-class NaNRewardEnv(gym.Env):
-    """A well-behaved env that starts emitting NaN rewards after ``nan_after`` steps."""
-
-    def __init__(self, nan_after):
-        self.action_space = spaces.Box(-1, 1, shape=(1,), dtype=np.float32)
-        self.observation_space = spaces.Box(-1, 1, shape=(2,), dtype=np.float32)
-        self.nan_after, self.steps = nan_after, 0
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        return np.zeros(2, dtype=np.float32), {}
-
-    def step(self, action):
-        self.steps += 1
-        reward = float("nan") if self.steps > self.nan_after else -float(action[0] ** 2)
-        return np.full(2, 0.1, dtype=np.float32), reward, False, self.steps % 16 == 0, {}
-
-
 def test_non_finite_loss_raises_before_any_update(tmp_path):
     snapshots = []
 
@@ -356,14 +338,14 @@ def test_non_finite_loss_raises_before_any_update(tmp_path):
         def _on_step(self):
             return True
 
-    model = PPOExt("MlpPolicy", NaNRewardEnv(nan_after=100), n_steps=32, batch_size=16, seed=0)
+    model = PPOExt("MlpPolicy", BrokenRewardEnv(at=101), n_steps=32, batch_size=16, seed=0)
     with pytest.raises(NonFiniteLossError, match=r"non-finite loss .*No parameter was updated"):
         model.learn(320, callback=Snapshot())
     assert len(snapshots) >= 2
     for key, value in model.policy.state_dict().items():
         assert th.equal(value, snapshots[-1][key]), key
     checkpoint = PPOExt.load(tmp_path / f"ckpt_{len(snapshots)}.zip")
-    actions, _ = checkpoint.predict(np.zeros((4, 2), dtype=np.float32))
+    actions, _ = checkpoint.predict(np.zeros((4, 3), dtype=np.float32))
     assert np.all(np.isfinite(actions))
 
 

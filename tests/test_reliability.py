@@ -5,9 +5,15 @@ The tests that kill real processes are in ``test_reliability_crash.py``.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import stat
 import subprocess
 import sys
+import threading
+import time
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -16,6 +22,7 @@ import numpy as np
 import pytest
 import torch as th
 from gymnasium import spaces
+from helpers import TINY_ONE_BATCH, BrokenRewardEnv, pendulum_vec_env
 from stable_baselines3 import A2C, PPO, SAC
 from stable_baselines3.common import save_util
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
@@ -23,23 +30,28 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 from sb3_ppo_ext import NonFiniteLossError, PPOExt
 from sb3_ppo_ext.hyperparams import HyperparamsError, load_hyperparams
 from sb3_ppo_ext.reliability import (
+    TEMPORARY_PREFIX,
     AtomicCheckpointCallback,
+    CheckpointWarning,
+    ForeignModelFileError,
     ModelFileError,
+    atomic_path,
     check_model_file,
     latest_checkpoint,
     list_checkpoints,
+    remove_stale_temporary_files,
     resume,
+    temporary_name,
 )
 from sb3_ppo_ext.zoo import ZooConfigError, check_hyperparams
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-TINY = dict(n_steps=32, batch_size=32, n_epochs=1, policy_kwargs=dict(net_arch=[8]), device="cpu", seed=0)
 
 th.set_num_threads(1)
 
 
 def _model(env_id: str = "Pendulum-v1", **kwargs) -> PPOExt:
-    return PPOExt("MlpPolicy", DummyVecEnv([lambda: gym.make(env_id)]), **{**TINY, **kwargs})
+    return PPOExt("MlpPolicy", DummyVecEnv([lambda: gym.make(env_id)]), **{**TINY_ONE_BATCH, **kwargs})
 
 
 def _params(model) -> list[np.ndarray]:
@@ -111,7 +123,7 @@ def test_atomic_checkpoints_with_vecnormalize_resume(tmp_path: Path):
     from sb3_ppo_ext.callbacks import KLAdaptiveLR
 
     env = VecNormalize(DummyVecEnv([lambda: gym.make("Pendulum-v1")]))
-    model = PPOExt("MlpPolicy", env, kl_coef=1.0, kl_target=1e-6, learning_rate=3e-4, **TINY)
+    model = PPOExt("MlpPolicy", env, kl_coef=1.0, kl_target=1e-6, learning_rate=3e-4, **TINY_ONE_BATCH)
     callback = RecordingCheckpoints(save_freq=32, save_path=str(tmp_path), keep_last=2)
     model.learn(96, callback=[KLAdaptiveLR(target_kl=1e-6), callback])
     checkpoints = list_checkpoints(tmp_path)
@@ -319,7 +331,7 @@ class HostileEnv(gym.Env):
 )
 def test_hostile_env_raises_and_leaves_weights_finite(fault: str, error: type, message: str):
     """Without a guard: a clear error, and no update ever applied non-finite values to the weights."""
-    model = PPOExt("MlpPolicy", DummyVecEnv([lambda: HostileEnv(fault)]), **TINY)
+    model = PPOExt("MlpPolicy", DummyVecEnv([lambda: HostileEnv(fault)]), **TINY_ONE_BATCH)
     before = _params(model)
     with pytest.raises(error, match=message):
         model.learn(128)
@@ -333,7 +345,7 @@ def test_hostile_env_with_health_guard_stops_with_a_good_checkpoint(tmp_path: Pa
     """The documented guard behaviour: stop at the faulty step, restore and save the last good model."""
     from sb3_ppo_ext.callbacks import TrainingHealthGuard
 
-    model = PPOExt("MlpPolicy", DummyVecEnv([lambda: HostileEnv(fault, at=70)]), **TINY)
+    model = PPOExt("MlpPolicy", DummyVecEnv([lambda: HostileEnv(fault, at=70)]), **TINY_ONE_BATCH)
     guard = TrainingHealthGuard(save_path=str(tmp_path))
     model.learn(256, callback=guard)
     assert guard.stopped_by == "non_finite" and model.num_timesteps < 256
@@ -369,7 +381,7 @@ class StrictActionEnv(HostileEnv):
 def test_env_receives_actions_of_its_declared_dtype_and_shape(action_space: spaces.Space, squash: bool | None):
     policy_kwargs = dict(net_arch=[8]) if squash is None else dict(net_arch=[8], squash_output=squash)
     model = PPOExt(
-        "MlpPolicy", DummyVecEnv([lambda: StrictActionEnv(action_space)]), **{**TINY, "policy_kwargs": policy_kwargs}
+        "MlpPolicy", DummyVecEnv([lambda: StrictActionEnv(action_space)]), **{**TINY_ONE_BATCH, "policy_kwargs": policy_kwargs}
     )
     model.learn(64)
 
@@ -400,3 +412,337 @@ def test_installed_module_runs_without_optuna_or_zoo():
     """reliability imports neither rl_zoo3 nor optuna (it sits on PPOExt's import path)."""
     code = "import sys, sb3_ppo_ext.reliability; assert 'optuna' not in sys.modules and 'rl_zoo3' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_nan_reward_never_poisons_a_checkpoint_and_resume_continues(tmp_path: Path):
+    """A NaN reward at step 70 poisons ret_rms; the checkpoint at 96 is skipped (warned), resume takes 64 and trains."""
+    env = VecNormalize(DummyVecEnv([lambda: BrokenRewardEnv(at=70)]))
+    model = PPOExt("MlpPolicy", env, **TINY_ONE_BATCH)
+    callback = AtomicCheckpointCallback(save_freq=32, save_path=str(tmp_path))
+    with pytest.warns(
+        CheckpointWarning, match=r"checkpoint at 96 steps not written: non-finite VecNormalize statistics \(ret_rms"
+    ):
+        with pytest.raises(NonFiniteLossError):
+            model.learn(160, callback=callback)
+    assert [c.timesteps for c in list_checkpoints(tmp_path)] == [32, 64]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CheckpointWarning)  # nothing to skip
+        loaded = resume(PPOExt, tmp_path, DummyVecEnv([lambda: BrokenRewardEnv(at=10**9)]), device="cpu")
+    stats = loaded.get_vec_normalize_env()
+    assert loaded.num_timesteps == 64 and stats is not None and np.isfinite(stats.ret_rms.var)
+    loaded.learn(32, reset_num_timesteps=False)
+    assert loaded.num_timesteps == 96
+
+
+def test_checkpoint_with_non_finite_weights_is_not_written(tmp_path: Path):
+    model = PPOExt("MlpPolicy", pendulum_vec_env(), **TINY_ONE_BATCH)
+    callback = AtomicCheckpointCallback(save_freq=1, save_path=str(tmp_path))
+    callback.init_callback(model)
+    with th.no_grad():
+        next(model.policy.parameters())[0] = float("inf")
+    with pytest.warns(CheckpointWarning, match=r"non-finite weights or optimizer state \(policy\."):
+        assert callback.save_checkpoint() is None
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three checkpoints (32, 64, 96 steps) of a VecNormalize run."""
+    folder = tmp_path_factory.mktemp("run")
+    model = PPOExt("MlpPolicy", VecNormalize(pendulum_vec_env()), **TINY_ONE_BATCH)
+    model.learn(96, callback=AtomicCheckpointCallback(save_freq=32, save_path=str(folder)))
+    return folder
+
+
+def _nan_statistics(path: Path) -> None:
+    vec_normalize = VecNormalize.load(str(path), pendulum_vec_env())
+    vec_normalize.ret_rms.var = np.float64("nan")
+    vec_normalize.save(str(path))
+
+
+def _nan_weights(path: Path) -> None:
+    model = PPOExt.load(path, device="cpu")
+    with th.no_grad():
+        next(model.policy.parameters()).fill_(float("nan"))
+    model.save(path)
+
+
+NEWEST_ZIP, NEWEST_PKL = "rl_model_96_steps.zip", "rl_model_vecnormalize_96_steps.pkl"
+
+
+BREAKAGES = {
+    "truncated_zip": (lambda f: (f / NEWEST_ZIP).write_bytes((f / NEWEST_ZIP).read_bytes()[:5000]), "truncated or corrupt"),
+    "not_a_zip": (lambda f: (f / NEWEST_ZIP).write_text("garbage"), "wasn't a zip-file"),
+    "truncated_pkl": (lambda f: (f / NEWEST_PKL).write_bytes((f / NEWEST_PKL).read_bytes()[:100]), "cannot be read"),
+    "nan_statistics": (lambda f: _nan_statistics(f / NEWEST_PKL), r"non-finite VecNormalize statistics \(ret_rms\.var\)"),
+    "nan_weights": (lambda f: _nan_weights(f / NEWEST_ZIP), r"non-finite weights \(policy\."),
+    "missing_pkl": (lambda f: (f / NEWEST_PKL).unlink(), r"statistics rl_model_vecnormalize_96_steps\.pkl are missing"),
+}
+
+
+@pytest.mark.parametrize("breakage", sorted(BREAKAGES))
+def test_resume_skips_a_broken_newest_checkpoint(run_folder: Path, tmp_path: Path, breakage: str):
+    folder = Path(shutil.copytree(run_folder, tmp_path / "run"))
+    breakage_of, reason = BREAKAGES[breakage]
+    breakage_of(folder)
+    with pytest.warns(
+        CheckpointWarning, match=rf"skipped checkpoint .*{re.escape(NEWEST_ZIP)} \(.*{reason}.*trying the previous"
+    ):
+        model = resume(PPOExt, folder, pendulum_vec_env(), device="cpu")
+    assert model.num_timesteps == 64
+    stats = model.get_vec_normalize_env()
+    expected = VecNormalize.load(str(folder / "rl_model_vecnormalize_64_steps.pkl"), pendulum_vec_env())
+    assert stats is not None and np.array_equal(stats.obs_rms.mean, expected.obs_rms.mean)
+    model.learn(32, reset_num_timesteps=False)
+
+
+def test_resume_with_no_usable_checkpoint_lists_each_reason(run_folder: Path, tmp_path: Path):
+    folder = Path(shutil.copytree(run_folder, tmp_path / "run"))
+    for pkl in folder.glob("*.pkl"):
+        pkl.write_bytes(b"")
+    with (
+        pytest.warns(CheckpointWarning),
+        pytest.raises(ModelFileError, match=r"no usable checkpoint .*rl_model_96_steps.zip: .*rl_model_32_steps.zip: "),
+    ):
+        resume(PPOExt, folder, pendulum_vec_env(), device="cpu")
+
+
+def test_statistics_never_saved_for_a_vec_normalize_run_is_an_error(tmp_path: Path):
+    """save_vecnormalize=False on a VecNormalize run: the model file says it had VecNormalize, so resume refuses."""
+    model = PPOExt("MlpPolicy", VecNormalize(pendulum_vec_env()), **TINY_ONE_BATCH)
+    model.learn(64, callback=AtomicCheckpointCallback(save_freq=32, save_path=str(tmp_path), save_vecnormalize=False))
+    with pytest.warns(CheckpointWarning), pytest.raises(ModelFileError, match="trained with VecNormalize"):
+        resume(PPOExt, tmp_path, pendulum_vec_env(), device="cpu")
+    plain = PPOExt("MlpPolicy", pendulum_vec_env(), **TINY_ONE_BATCH)
+    plain.learn(32, callback=AtomicCheckpointCallback(save_freq=32, save_path=str(tmp_path / "plain")))
+    assert resume(PPOExt, tmp_path / "plain", pendulum_vec_env(), device="cpu").get_vec_normalize_env() is None
+
+
+def test_resume_of_another_algorithms_run_raises_at_once(tmp_path: Path):
+    A2C("MlpPolicy", pendulum_vec_env(), n_steps=32, policy_kwargs=dict(net_arch=[8]), device="cpu").learn(
+        32, callback=AtomicCheckpointCallback(save_freq=32, save_path=str(tmp_path))
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CheckpointWarning)
+        with pytest.raises(ForeignModelFileError, match="another on-policy algorithm"):
+            resume(PPOExt, tmp_path, pendulum_vec_env(), device="cpu")
+
+
+def _no_temporaries(folder: Path) -> bool:
+    return not [p for p in folder.iterdir() if p.name.startswith(TEMPORARY_PREFIX)]
+
+
+def test_save_through_a_symlink_replaces_its_target(tmp_path: Path):
+    real = tmp_path / "store" / "model.zip"
+    real.parent.mkdir()
+    real.write_bytes(b"old")
+    link = tmp_path / "latest.zip"
+    link.symlink_to(real)
+    PPOExt("MlpPolicy", pendulum_vec_env(), **TINY_ONE_BATCH).save(link)
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert zipfile.is_zipfile(real) and PPOExt.load(link, device="cpu").n_steps == 32
+    assert _no_temporaries(tmp_path) and _no_temporaries(real.parent)
+
+
+def test_save_keeps_the_mode_of_the_file_and_gives_a_new_file_the_umask_mode(tmp_path: Path):
+    model = PPOExt("MlpPolicy", pendulum_vec_env(), **TINY_ONE_BATCH)
+    existing = tmp_path / "shared.zip"
+    existing.write_bytes(b"old")
+    existing.chmod(0o640)
+    model.save(existing)
+    assert stat.S_IMODE(existing.stat().st_mode) == 0o640
+    old_umask = os.umask(0o027)
+    try:
+        model.save(tmp_path / "new.zip")
+        with open(tmp_path / "plain", "wb"):
+            pass
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE((tmp_path / "new.zip").stat().st_mode) == stat.S_IMODE((tmp_path / "plain").stat().st_mode) == 0o640
+
+
+def test_save_to_a_name_at_the_file_name_limit(tmp_path: Path):
+    path = tmp_path / ("m" * 251 + ".zip")  # 255 bytes
+    PPOExt("MlpPolicy", pendulum_vec_env(), **TINY_ONE_BATCH).save(path)
+    assert zipfile.is_zipfile(path) and len(temporary_name()) < 100
+
+
+def test_two_threads_saving_to_one_path_never_mix(tmp_path: Path):
+    path = tmp_path / "shared.bin"
+    contents = [bytes([n]) * 3_000_000 for n in (1, 2)]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def writer(content: bytes) -> None:
+        try:
+            barrier.wait()
+            for _ in range(10):
+                with atomic_path(path) as file:
+                    for start in range(0, len(content), 100_000):
+                        file.write(content[start : start + 100_000])
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=writer, args=(content,)) for content in contents]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and path.read_bytes() in contents and _no_temporaries(tmp_path)
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_stale_temporary_files_of_dead_processes_are_removed_on_the_next_save(tmp_path: Path):
+    ours = temporary_name()
+    host, pid = re.fullmatch(rf"{re.escape(TEMPORARY_PREFIX)}([0-9a-f]+)-(\d+)-.*", ours).groups()
+    dead = tmp_path / ours.replace(f"-{pid}-", f"-{_dead_pid()}-")
+    alive = tmp_path / temporary_name()  # this process: a save in progress
+    other_host = tmp_path / dead.name.replace(host, "0" * 8 if host != "0" * 8 else "1" * 8)
+    unrelated = [tmp_path / ".model.zip.tmp-999999", tmp_path / "notes.txt"]
+    for file in (dead, alive, other_host, *unrelated):
+        file.write_bytes(b"partial")
+    PPOExt("MlpPolicy", pendulum_vec_env(), **TINY_ONE_BATCH).save(tmp_path / "model.zip")
+    assert not dead.exists()
+    assert all(file.exists() for file in (alive, other_host, *unrelated))
+    assert remove_stale_temporary_files(tmp_path) == []
+
+
+def test_name_prefix_with_glob_characters_works_with_keep_last_and_resume(tmp_path: Path):
+    (tmp_path / "run1_999_steps.zip").write_bytes(b"another run's file, which the glob run[1]_* would match")
+    model = PPOExt("MlpPolicy", pendulum_vec_env(), **TINY_ONE_BATCH)
+    callback = AtomicCheckpointCallback(save_freq=32, save_path=str(tmp_path), name_prefix="run[1]", keep_last=2)
+    model.learn(128, callback=callback)
+    assert [c.timesteps for c in list_checkpoints(tmp_path, "run[1]")] == [96, 128]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run1_999_steps.zip", "run[1]_128_steps.zip", "run[1]_96_steps.zip"]
+    assert resume(PPOExt, tmp_path, pendulum_vec_env(), name_prefix="run[1]", device="cpu").num_timesteps == 128
+
+
+OTHER_UID = 54321  # a local user other than the tester (no account needed: the files are chowned to it)
+
+
+needs_root = pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chowns files to another user")
+
+
+def _sticky_folder(tmp_path: Path) -> Path:
+    """A world-writable sticky folder, as /tmp is, made by the test."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    return shared
+
+
+@needs_root
+def test_save_refuses_another_users_symlink_in_a_sticky_folder(tmp_path: Path):
+    victim = tmp_path / "victim" / "precious.zip"
+    victim.parent.mkdir()
+    victim.write_bytes(b"precious")
+    shared = _sticky_folder(tmp_path)
+    model = PPOExt("MlpPolicy", pendulum_vec_env(), **TINY_ONE_BATCH)
+    planted = [(shared / "model.zip", victim), (shared / "runs", victim.parent)]  # the link itself, a link to a folder
+    for link, target in planted:
+        link.symlink_to(target)
+        os.lchown(link, OTHER_UID, OTHER_UID)
+    for path in (shared / "model.zip", shared / "runs" / "precious.zip"):
+        with pytest.raises(PermissionError, match=rf"refusing to save through the symlink {re.escape(str(shared))}/"):
+            model.save(path)
+    assert victim.read_bytes() == b"precious" and _no_temporaries(victim.parent) and _no_temporaries(shared)
+    # This user's own link in the sticky folder is followed, as open() follows it; so is another
+    # user's link in an ordinary folder (the existing behaviour, test_save_through_a_symlink_...).
+    own = shared / "own.zip"
+    own.symlink_to(victim)
+    model.save(own)
+    assert own.is_symlink() and zipfile.is_zipfile(victim)
+    ordinary = tmp_path / "ordinary.zip"
+    ordinary.symlink_to(victim)
+    os.lchown(ordinary, OTHER_UID, OTHER_UID)
+    model.save(ordinary)
+    assert ordinary.is_symlink() and zipfile.is_zipfile(victim)
+
+
+@needs_root
+def test_save_never_gives_a_new_model_to_another_user_in_a_sticky_folder(tmp_path: Path):
+    shared = _sticky_folder(tmp_path)
+    model = PPOExt("MlpPolicy", pendulum_vec_env(), **TINY_ONE_BATCH)
+    planted = shared / "model.zip"
+    planted.write_bytes(b"planted")
+    os.chown(planted, OTHER_UID, OTHER_UID)
+    planted.chmod(0o666)
+    with pytest.raises(PermissionError, match=r"refusing to save through the file .*model\.zip: it belongs to uid 54321"):
+        model.save(planted)
+    assert planted.read_bytes() == b"planted" and _no_temporaries(shared)
+    # This user's own file there keeps its mode and stays this user's.
+    mine = shared / "mine.zip"
+    mine.write_bytes(b"old")
+    mine.chmod(0o640)
+    model.save(mine)
+    info = mine.stat()
+    assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (os.geteuid(), 0o640) and zipfile.is_zipfile(mine)
+    # In an ordinary folder the old file's owner and mode are kept, as before.
+    ordinary = tmp_path / "ordinary.zip"
+    ordinary.write_bytes(b"old")
+    os.chown(ordinary, OTHER_UID, OTHER_UID)
+    ordinary.chmod(0o640)
+    model.save(ordinary)
+    assert ordinary.stat().st_uid == OTHER_UID and stat.S_IMODE(ordinary.stat().st_mode) == 0o640
+
+
+# Child: an atomic save held half-way, whose temporary file's name claims this host and a pid that
+# is dead in the test's PID namespace, as a saver in another container sharing the folder would.
+FOREIGN_NAMESPACE_SAVER = """
+import os, sys, time
+from pathlib import Path
+from sb3_ppo_ext import reliability
+
+folder, dead_pid = Path(sys.argv[1]), sys.argv[2]
+claimed = reliability.temporary_name().replace(f"-{os.getpid()}-", f"-{dead_pid}-", 1)
+reliability.temporary_name = lambda: claimed
+with reliability.atomic_path(folder / "theirs.bin") as file:
+    file.write(b"their model")
+    (folder / "writing").touch()
+    while not (folder / "go").exists():
+        time.sleep(0.02)
+"""
+
+
+def test_clean_up_leaves_a_save_in_progress_in_another_pid_namespace(tmp_path: Path):
+    dead = _dead_pid()
+    child = subprocess.Popen(
+        [sys.executable, "-c", FOREIGN_NAMESPACE_SAVER, str(tmp_path), str(dead)], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "writing").exists():
+            assert child.poll() is None and time.monotonic() < deadline, child.stderr and child.stderr.read()
+            time.sleep(0.02)
+        (theirs,) = [p for p in tmp_path.iterdir() if p.name.startswith(TEMPORARY_PREFIX)]
+        assert f"-{dead}-" in theirs.name  # this host, a pid that is dead here
+        with atomic_path(tmp_path / "ours.bin") as file:  # cleans the folder first
+            file.write(b"our model")
+        assert remove_stale_temporary_files(tmp_path) == [] and theirs.exists()
+        (tmp_path / "go").touch()
+        _, stderr = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    assert child.returncode == 0, stderr
+    assert (tmp_path / "theirs.bin").read_bytes() == b"their model" and (tmp_path / "ours.bin").read_bytes() == b"our model"
+    assert _no_temporaries(tmp_path)
+
+
+def test_the_reliability_table_names_tests_that_exist():
+    """Each ``test_<module>.py::test_<name>`` of docs/RELIABILITY.md is a test function of that module of this suite."""
+    tests = Path(__file__).resolve().parent
+    table = (tests.parent / "docs" / "RELIABILITY.md").read_text()
+    named = set(re.findall(r"\b(test_\w+)\.py::(test_\w+)", table))
+    ours = {(module, name) for module, name in named if (tests / f"{module}.py").exists()}
+    assert len(ours) >= 40
+    missing = [
+        f"{module}.py::{name}" for module, name in sorted(ours) if f"\ndef {name}(" not in (tests / f"{module}.py").read_text()
+    ]
+    assert missing == []
