@@ -24,8 +24,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import FAMILY, Member
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(params=list(FAMILY))
+def family(request: pytest.FixtureRequest) -> Member:
+    """Each algorithm of the family in turn (``helpers.FAMILY``): for the behaviours every algorithm must share."""
+    return FAMILY[request.param]
+
+
 TORCH_REQUIREMENT = "torch==2.13.0"
 
 

@@ -1,13 +1,20 @@
-"""What several test modules share: the tiny training settings and the env with a broken reward.
+"""What several test modules share: tiny training settings, small envs, reference computations, model helpers.
 
 Imported as ``from helpers import ...`` (pytest's ``pythonpath`` setting puts ``tests/`` on ``sys.path``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
 import gymnasium as gym
 import numpy as np
+import torch as th
 from gymnasium import spaces
+from sb3_contrib.common.envs import InvalidActionEnvDiscrete, InvalidActionEnvMultiBinary, InvalidActionEnvMultiDiscrete
+from stable_baselines3.common.logger import configure
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 # The tiny settings of the unit tests: one short rollout, a few minibatches. Tests that give their own
@@ -40,3 +47,111 @@ class BrokenRewardEnv(gym.Env):
 def pendulum_vec_env() -> DummyVecEnv:
     """One Pendulum-v1 in a DummyVecEnv."""
     return DummyVecEnv([lambda: gym.make("Pendulum-v1")])
+
+
+MASK_ENVS = {
+    "discrete": lambda: InvalidActionEnvDiscrete(dim=12, n_invalid_actions=6),
+    "multidiscrete": lambda: InvalidActionEnvMultiDiscrete(dims=[3, 4], n_invalid_actions=2),
+    "multibinary": lambda: InvalidActionEnvMultiBinary(dims=4, n_invalid_actions=2),
+}
+
+
+MASK_TINY = dict(n_steps=64, batch_size=16, n_epochs=3, seed=0, policy_kwargs=dict(net_arch=[16]))
+
+
+LSTM_TINY = dict(n_steps=32, batch_size=16, n_epochs=3, seed=0)
+
+
+LSTM_POLICY = dict(net_arch=[16], lstm_hidden_size=8)
+
+
+def weights(model):
+    return th.nn.utils.parameters_to_vector(model.policy.parameters()).detach().clone()
+
+
+def quiet(model):
+    model.set_logger(configure(None, []))
+    return model
+
+
+class RecordingBoxEnv(gym.Env):
+    """Asymmetric bounds; records every action it receives; short episodes so that sequences are padded."""
+
+    def __init__(self):
+        self.action_space = spaces.Box(np.array([-1.0, 0.0], dtype=np.float32), np.array([3.0, 0.5], dtype=np.float32))
+        self.observation_space = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+        self.received, self._t = [], 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._t = 0
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        self.received.append(np.array(action, copy=True))
+        self._t += 1
+        return self.observation_space.sample(), float(action[0]), False, self._t >= 7, {}
+
+
+class ImageEnv(gym.Env):
+    """Channel-last images (SB3 transposes them), one-step episodes, action 1 masked."""
+
+    observation_space = spaces.Box(0, 255, (36, 36, 1), dtype=np.uint8)
+    action_space = spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 1.0, False, True, {}
+
+    def action_masks(self):
+        return np.array([True, False, True])
+
+
+def masked_kl_by_hand(p_logits, q_logits, mask):
+    """KL over the valid categories, each policy renormalised over them, in float64."""
+    p_logits, q_logits = p_logits.double(), q_logits.double()
+    neg = th.tensor(-np.inf, dtype=th.float64)
+    log_p = th.log_softmax(th.where(mask, p_logits, neg), dim=-1)
+    log_q = th.log_softmax(th.where(mask, q_logits, neg), dim=-1)
+    terms = th.where(mask, log_p.exp() * (log_p - log_q), th.zeros_like(log_p))
+    return terms.sum(-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+    """One algorithm of the family, with what the behaviours every algorithm must share need to build it small."""
+
+    name: str
+    algorithm: type
+    upstream: type
+    policy: str
+    make_env: Callable[[], gym.Env]
+    tiny: dict[str, Any]
+
+    def model(self, n_envs: int = 1, **kwargs: Any) -> Any:
+        """A small model of this algorithm on ``n_envs`` copies of its env (``kwargs`` over :attr:`tiny`)."""
+        from stable_baselines3.common.env_util import make_vec_env
+
+        return self.algorithm(self.policy, make_vec_env(self.make_env, n_envs=n_envs, seed=0), **{**self.tiny, **kwargs})
+
+
+def _family() -> dict[str, Member]:
+    from sb3_contrib import MaskablePPO, RecurrentPPO
+    from stable_baselines3 import PPO
+
+    from sb3_ppo_ext import MaskablePPOExt, PPOExt, RecurrentPPOExt
+
+    pendulum = lambda: gym.make("Pendulum-v1")  # noqa: E731
+    return {
+        "ppo": Member("ppo", PPOExt, PPO, "MlpPolicy", pendulum, dict(TINY)),
+        "maskable": Member("maskable", MaskablePPOExt, MaskablePPO, "MlpPolicy", MASK_ENVS["multidiscrete"], dict(MASK_TINY)),
+        "recurrent": Member(
+            "recurrent", RecurrentPPOExt, RecurrentPPO, "MlpLstmPolicy", pendulum, dict(LSTM_TINY, policy_kwargs=LSTM_POLICY)
+        ),
+    }
+
+
+# The family: PPOExt, MaskablePPOExt and RecurrentPPOExt (the ``family`` fixture of conftest.py runs a test on each).
+FAMILY = _family()

@@ -1,7 +1,6 @@
 """The callback suite with stock PPO, A2C and PPOExt: KL-adaptive LR, schedules, guard, action monitor, pruning, hparams."""
 
 import csv
-import importlib.util
 import itertools
 import math
 import os
@@ -542,20 +541,16 @@ def zoo_train_command():
     ``python -m rl_zoo3.train`` where the startup hook that registers ``--algo ppo_ext`` is installed
     (any ``pip install`` of the package); else the package's no-hook route, which runs the same
     ``rl_zoo3.train`` module after registering (an editable install made before the hook existed
-    lacks the ``.pth`` file); None before the rl-zoo3 registration exists at all.
+    lacks the ``.pth`` file).
     """
     if any(os.path.exists(os.path.join(folder, "sb3_ppo_ext_zoo_hook.pth")) for folder in site.getsitepackages()):
         return [sys.executable, "-m", "rl_zoo3.train"]
-    if importlib.util.find_spec("sb3_ppo_ext.zoo") is not None:
-        return [sys.executable, "-m", "sb3_ppo_ext.zoo", "train"]
-    return None
+    return [sys.executable, "-m", "sb3_ppo_ext.zoo", "train"]
 
 
 @pytest.mark.integration  # rl-zoo3 in a subprocess
 def test_zoo_yml_callbacks_are_used(tmp_path):
     command = zoo_train_command()
-    if command is None:
-        pytest.skip("rl-zoo3 does not know --algo ppo_ext yet (no sb3_ppo_ext.zoo registration)")
     conf = tmp_path / "ppo_ext.yml"
     conf.write_text(ZOO_YML)
     command += ["--algo", "ppo_ext", "--env", "Pendulum-v1", "--conf-file", str(conf), "-f", str(tmp_path / "logs")]

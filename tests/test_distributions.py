@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch as th
 from gymnasium import spaces
+from helpers import masked_kl_by_hand
 from stable_baselines3.common.distributions import (
     BernoulliDistribution,
     CategoricalDistribution,
@@ -15,9 +16,11 @@ from stable_baselines3.common.distributions import (
 )
 from torch.distributions import AffineTransform, Beta, Normal, TanhTransform, TransformedDistribution
 
+from sb3_ppo_ext import PPOExt
 from sb3_ppo_ext.distributions import (
     TanhSquashedDistribution,
     analytic_kl,
+    categorical_kl,
     detach_distributions,
     distribution_parameters,
     distributions_from_parameters,
@@ -313,7 +316,6 @@ def test_proba_distribution_net_is_the_base_gaussians():
 
 
 def test_scale_action_inverts_unscale_action_inside_the_float32_range():
-    from sb3_ppo_ext import PPOExt
 
     model = PPOExt("MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=32)
     u = np.array([[-3.0], [-0.5], [0.0], [2.0], [4.0]], dtype=np.float32)
@@ -353,3 +355,11 @@ def test_unchecked_distributions_skip_torchs_checks_and_restore_the_default():
         assert th.distributions.Distribution._validate_args is False  # a user's own default is kept
     finally:
         th.distributions.Distribution.set_default_validate_args(True)
+
+
+def test_categorical_kl_stays_finite_where_torch_gives_inf():
+    p = th.distributions.Categorical(logits=th.tensor([[0.0, -50.0]]))
+    q = th.distributions.Categorical(logits=th.tensor([[0.0, -200.0]]))  # q's second category underflows to 0
+    assert th.isinf(th.distributions.kl_divergence(p, q)).all()
+    expected = masked_kl_by_hand(p.logits, q.logits, th.ones(1, 2, dtype=th.bool))
+    th.testing.assert_close(categorical_kl(p, q).double(), expected, rtol=1e-4, atol=1e-12)

@@ -5,7 +5,7 @@ under ``docs/benchmarks/``) is a test case, named ``<file>:<line>``:
 
 - ``python``: executed as it stands, each block alone in a fresh namespace, in a temporary folder
   (the examples use small budgets). A block that imports a name ``sb3_ppo_ext`` does not export
-  (yet) is skipped, and only then: it becomes a real test as soon as the name exists.
+  fails, naming it (a page must not promise a name the package lacks).
 - ``bash``: each command is checked without running anything long. Python entry points
   (``python -m rl_zoo3.train``, ``python scripts/x.py``, ``python -m sb3_ppo_ext``, ...) parse the
   command's arguments with their own argparse parser, in this process, and stop right after
@@ -124,9 +124,7 @@ def missing_package_names(code: str) -> list[str]:
 
 @pytest.mark.parametrize("block", blocks_of("python"))
 def test_python_block_runs(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    missing = missing_package_names(block.code)
-    if missing:
-        pytest.skip(f"sb3_ppo_ext does not export {', '.join(missing)} yet")
+    assert missing_package_names(block.code) == [], f"{block.id} imports names sb3_ppo_ext does not export"
     monkeypatch.chdir(tmp_path)
     exec(compile(block.code, block.id, "exec"), {"__name__": "__docs__"})
 

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
-import gymnasium as gym
-import pytest
+import copy
+import itertools
 
-from sb3_ppo_ext import MaskablePPOExt, PPOExt, RecurrentPPOExt
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch as th
+from gymnasium import spaces
+from helpers import LSTM_POLICY, LSTM_TINY, MASK_ENVS, MASK_TINY, BrokenRewardEnv, ImageEnv, Member, RecordingBoxEnv, quiet
+from helpers import TINY_NET as TINY
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.logger import configure
+from torch.distributions import Normal, kl_divergence
+
+from sb3_ppo_ext import MaskablePPOExt, NonFiniteLossError, PPOExt, RecurrentPPOExt
+from sb3_ppo_ext.engine import Minibatch
 
 
 @pytest.mark.parametrize(
@@ -30,3 +43,299 @@ def test_a_policy_that_cannot_read_the_observations_is_an_error_at_construction(
     env = SimpleMultiObsEnv() if observations == "dict" else gym.make("CartPole-v1")
     with pytest.raises(ValueError, match=message):
         algorithm(policy, env, n_steps=16, batch_size=16, device="cpu")
+
+
+def test_minibatches_are_the_buffers_own():
+    """
+    The engine iterates the buffer's get(): each minibatch holds the rows upstream draws, and pi_old's
+    parameters ride with them (the logits of the very rows, as the policy computed them while collecting).
+    """
+    model = quiet(MaskablePPOExt("MlpPolicy", MASK_ENVS["discrete"](), kl_coef=0.5, **MASK_TINY))
+    seen, states, rollout = [], [], {}
+    original_losses, original_train = model.minibatch_losses, model.train
+
+    def spy(batch, *args):
+        seen.append((batch.samples.old_log_prob.clone(), batch.old_distributions[0].logits.clone()))
+        return original_losses(batch, *args)
+
+    def train():
+        states.append(np.random.get_state())
+        buffer = model.rollout_buffer
+        rollout["log_prob"] = th.as_tensor(buffer.swap_and_flatten(buffer.log_probs)).flatten()
+        rollout["logits"] = model._rollout_distributions()[0][0].logits  # the policy before the update
+        original_train()
+
+    model.minibatch_losses, model.train = spy, train
+    model.learn(64)
+    np.random.set_state(states[0])  # replay the permutations get() drew, one per epoch
+    expected = [perm[16 * k : 16 * (k + 1)] for perm in (np.random.permutation(64) for _ in range(3)) for k in range(4)]
+    assert len(seen) == len(expected)
+    for (log_prob, logits), rows in zip(seen, expected, strict=True):
+        assert th.equal(log_prob, rollout["log_prob"][rows])
+        th.testing.assert_close(logits, rollout["logits"][rows])
+
+
+@pytest.mark.parametrize("family", ["maskable", "recurrent"])
+def test_cnn_and_dict_policies(family):
+    """The CnnPolicy / MultiInputPolicy aliases build the upstream extractors and train."""
+    from stable_baselines3.common.envs import SimpleMultiObsEnv
+    from stable_baselines3.common.torch_layers import CombinedExtractor, NatureCNN
+
+    class MaskedMultiObsEnv(SimpleMultiObsEnv):
+        def action_masks(self):
+            return np.array([True, True, False, True])
+
+    if family == "maskable":
+        cnn = MaskablePPOExt("CnnPolicy", ImageEnv(), n_steps=16, batch_size=8, n_epochs=1, seed=0)
+        multi = MaskablePPOExt("MultiInputPolicy", MaskedMultiObsEnv(), n_steps=16, batch_size=8, n_epochs=1, seed=0)
+    else:
+        cnn = RecurrentPPOExt("CnnLstmPolicy", ImageEnv(), n_steps=16, batch_size=8, n_epochs=1, seed=0)
+        multi = RecurrentPPOExt("MultiInputLstmPolicy", SimpleMultiObsEnv(), n_steps=16, batch_size=8, n_epochs=1, seed=0)
+    assert isinstance(cnn.policy.features_extractor, NatureCNN)
+    assert isinstance(multi.policy.features_extractor, CombinedExtractor)
+    for model in (cnn, multi):
+        quiet(model).learn(16)
+        values, log_prob, _ = model.policy.evaluate_actions(*_evaluation_inputs(model))
+        assert th.isfinite(values).all() and th.isfinite(log_prob).all()
+
+
+def _evaluation_inputs(model):
+    """The inputs of the policy's evaluate_actions on the model's first rollout rows."""
+    samples = next(model.rollout_buffer.get(8))
+    actions = samples.actions.long().flatten() if isinstance(model.action_space, spaces.Discrete) else samples.actions
+    if isinstance(model, MaskablePPOExt):
+        return samples.observations, actions, samples.action_masks
+    return samples.observations, actions, samples.lstm_states, samples.episode_starts
+
+
+def no_instance_patches(model):
+    """
+    No method of the model, its policy or its buffer is replaced on the instance (an instance attribute
+    shadowing a class attribute that is callable), and the collection's forward hook is gone.
+    """
+    for obj in (model, model.policy, model.rollout_buffer):
+        patched = {name for name, value in vars(obj).items() if callable(value) and callable(getattr(type(obj), name, None))}
+        if obj is model:
+            patched -= {"train"}  # the tests' own spies
+        assert not patched, (type(obj).__name__, patched)
+    assert not model.policy._forward_hooks
+    return True
+
+
+def test_no_instance_patches_and_no_hook_outlive_early_stops_and_errors():
+    """Collection records pi_old through a forward hook that never outlives it; nothing is patched on an instance."""
+    model = quiet(PPOExt("MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=16, target_kl=1e-9, learning_rate=1e-2))
+    model.learn(128)
+    assert model.logger.name_to_value["train/epochs_completed"] < 10  # stopped early
+    assert no_instance_patches(model)
+
+    class NanRewardEnv(RecordingBoxEnv):
+        def step(self, action):
+            obs, _, terminated, truncated, info = super().step(action)
+            return obs, float("nan"), terminated, truncated, info
+
+    model = MaskablePPOExt("MlpPolicy", MASK_ENVS["discrete"](), **MASK_TINY)
+    model.train = lambda: (_ for _ in ()).throw(NonFiniteLossError("stop"))  # an update that fails
+    with pytest.raises(NonFiniteLossError):
+        model.learn(64)
+    assert no_instance_patches(model)
+    model = RecurrentPPOExt("MlpLstmPolicy", NanRewardEnv(), policy_kwargs=LSTM_POLICY, **LSTM_TINY)
+    with pytest.raises(NonFiniteLossError):
+        model.learn(32)
+    assert no_instance_patches(model)
+
+
+@pytest.mark.parametrize("n_envs", [1, 3])
+def test_pi_old_recorded_during_collection_equals_a_recomputation(family: Member, n_envs: int):
+    """The distributions kept at collection are the policy's on every rollout row, in the buffer's row order."""
+    model = family.model(n_envs, n_steps=16, batch_size=16)
+    compared = []
+    original = model.train
+
+    def train():
+        assert model.rollout_buffer.carries_pi_old
+        recomputed, recorded = model._rollout_distributions(with_old=True)
+        for got, want in zip(recorded, recomputed, strict=True):
+            params = ("loc", "scale") if isinstance(want, Normal) else ("logits",)
+            for name in params:
+                th.testing.assert_close(getattr(got, name), getattr(want, name), rtol=1e-5, atol=1e-5)
+        compared.append(True)
+        original()
+
+    model.train = train
+    model.learn(32 * n_envs)
+    assert len(compared) == 2
+
+
+def test_logged_kl_is_analytic_kl_of_the_update():
+    """train/kl equals KL(pi_old || pi_new) recomputed with torch.distributions from a snapshot."""
+    snapshots = []
+
+    class Snapshot(BaseCallback):
+        def _on_rollout_end(self):
+            snapshots.append((copy.deepcopy(self.model.policy), self.model.rollout_buffer.observations.copy()))
+
+        def _on_step(self):
+            return True
+
+    model = PPOExt("MlpPolicy", make_vec_env("Pendulum-v1", n_envs=2, seed=0), **TINY)
+    model.set_logger(configure(None, []))
+    model.learn(64, callback=Snapshot())
+    old_policy, observations = snapshots[-1]
+    obs = th.as_tensor(observations.reshape(-1, observations.shape[-1]))
+    with th.no_grad():
+        old = old_policy.get_distribution(obs).distribution
+        new = model.policy.get_distribution(obs).distribution
+        kl = kl_divergence(old, new).sum(-1)
+    assert model.logger.name_to_value["train/kl"] == pytest.approx(kl.mean().item(), rel=1e-4)
+    assert model.logger.name_to_value["train/kl_max"] == pytest.approx(kl.max().item(), rel=1e-4)
+
+
+def test_target_kl_early_stop_is_reported():
+    model = PPOExt(
+        "MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=16, n_epochs=10, target_kl=1e-6, seed=0, learning_rate=1e-2
+    )
+    model.set_logger(configure(None, []))
+    model.learn(64)
+    assert model.logger.name_to_value["train/epochs_completed"] < 10
+
+
+def test_diagnostic_means_are_sample_weighted():
+    from sb3_ppo_ext.engine import _UpdateStats
+
+    stats = _UpdateStats()
+    stats.add_mean(3, x=th.tensor(1.0))
+    stats.add_mean(1, x=th.tensor(5.0))
+    stats.add_extremes("r", th.tensor([0.9, 1.1]))
+    stats.add_extremes("r", th.tensor([0.8, 1.0]))
+    assert stats.mean("x") == pytest.approx(2.0)
+    assert stats.extremes("r") == pytest.approx((0.8, 1.1))
+    assert stats.extremes("r") == pytest.approx((0.8, 1.1))
+
+
+def test_diagnostic_means_with_keys_that_come_and_go():
+    """Minibatches may log different key sets (e.g. a KL term from some minibatches only): each key has its own weights."""
+    from sb3_ppo_ext.engine import _UpdateStats
+
+    rng = np.random.default_rng(0)
+    stats, log = _UpdateStats(), []
+    for i in range(50):
+        weight = float(rng.integers(1, 64))
+        values = {"a": float(np.float32(rng.normal())), "b": float(np.float32(rng.normal()))}
+        if i % 3 == 0:
+            values["c"] = float(np.float32(rng.normal()))
+        stats.add_mean(weight, **{k: th.tensor(v) for k, v in values.items()})
+        log.append((weight, values))
+    for key in ("a", "b", "c"):
+        pairs = [(w, v[key]) for w, v in log if key in v]
+        expected = sum(w * x for w, x in pairs) / sum(w for w, _ in pairs)
+        assert stats.mean(key) == pytest.approx(expected, rel=1e-6)
+    assert "c" in stats and "d" not in stats
+    # A minibatch added after a read is taken into account.
+    stats.add_mean(1.0, a=th.tensor(1e3), b=th.tensor(0.0))
+    pairs = [(w, v["a"]) for w, v in log] + [(1.0, 1e3)]
+    assert stats.mean("a") == pytest.approx(sum(w * x for w, x in pairs) / sum(w for w, _ in pairs), rel=1e-6)
+
+
+@pytest.mark.parametrize("squash", [True, False])
+def test_entropy_logged_without_grad_changes_neither_loss_nor_gradient(monkeypatch, squash):
+    """With ent_coef == 0 the entropy is computed outside the graph: the same loss, gradient, entropy and RNG draws as
+    computing it with its graph; with ent_coef > 0 the gradient is the ent_coef == 0 one minus ent_coef x grad(entropy)."""
+    env = make_vec_env("Pendulum-v1", n_envs=2, seed=0)
+    model = PPOExt("MlpPolicy", env, **dict(TINY, policy_kwargs=dict(TINY["policy_kwargs"], squash_output=squash)))
+    model.set_logger(configure(None, []))
+    model.learn(64)
+    next(model.rollout_buffer.get(batch_size=None))  # flattens the buffer
+    index = th.arange(0, 64, 3)
+    rollout = model.rollout_buffer._get_samples(index.numpy())
+    batch = Minibatch(rollout, None)
+    model.policy.set_training_mode(True)
+
+    def losses_and_grads():
+        model.policy.optimizer.zero_grad()
+        th.manual_seed(7)
+        terms = model.minibatch_losses(batch, 0.2, None, 0.0)
+        terms["loss"].backward()
+        grads = [p.grad.clone() for p in model.policy.parameters()]
+        return terms, grads, th.get_rng_state()
+
+    calls = []
+    original = type(model.policy).evaluate_actions_and_distribution
+
+    def spy(self, obs, actions, entropy_requires_grad=True):
+        calls.append(entropy_requires_grad)
+        return original(self, obs, actions, entropy_requires_grad=entropy_requires_grad)
+
+    monkeypatch.setattr(type(model.policy), "evaluate_actions_and_distribution", spy)
+    terms, grads, rng = losses_and_grads()
+    assert calls == [False]
+
+    def with_graph(self, obs, actions, entropy_requires_grad=True):
+        return original(self, obs, actions, entropy_requires_grad=True)
+
+    monkeypatch.setattr(type(model.policy), "evaluate_actions_and_distribution", with_graph)
+    ref_terms, ref_grads, ref_rng = losses_and_grads()
+    assert th.equal(th.get_rng_state(), ref_rng) and th.equal(rng, ref_rng)
+    for key in ("loss", "entropy", "policy_gradient_loss", "value_loss"):
+        assert th.equal(terms[key], ref_terms[key]), key
+    for got, want in zip(grads, ref_grads, strict=True):
+        assert th.equal(got, want)
+
+    # ent_coef > 0: the entropy term's own gradient (same draws) is added.
+    monkeypatch.setattr(type(model.policy), "evaluate_actions_and_distribution", spy)
+    calls.clear()
+    model.ent_coef = 0.1
+    with_bonus_terms, with_bonus, _ = losses_and_grads()
+    assert calls == [True]
+    model.policy.optimizer.zero_grad()
+    th.manual_seed(7)
+    obs = rollout.observations
+    _, log_prob, entropy, _ = original(model.policy, obs, rollout.actions)
+    entropy_mean = -log_prob.mean() if entropy is None else entropy.mean()
+    entropy_grads = th.autograd.grad(entropy_mean, list(model.policy.parameters()), allow_unused=True)
+    assert th.allclose(with_bonus_terms["entropy"], ref_terms["entropy"])
+    for got, base, ent in zip(with_bonus, grads, entropy_grads, strict=True):
+        expected = base if ent is None else base - 0.1 * ent
+        assert th.allclose(got, expected, atol=1e-6)
+
+
+def test_non_finite_loss_raises_before_any_update(tmp_path):
+    snapshots = []
+
+    class Snapshot(BaseCallback):
+        def _on_rollout_end(self):
+            snapshots.append(copy.deepcopy(self.model.policy.state_dict()))
+            self.model.save(tmp_path / f"ckpt_{len(snapshots)}.zip")
+
+        def _on_step(self):
+            return True
+
+    model = PPOExt("MlpPolicy", BrokenRewardEnv(at=101), n_steps=32, batch_size=16, seed=0)
+    with pytest.raises(NonFiniteLossError, match=r"non-finite loss .*No parameter was updated"):
+        model.learn(320, callback=Snapshot())
+    assert len(snapshots) >= 2
+    for key, value in model.policy.state_dict().items():
+        assert th.equal(value, snapshots[-1][key]), key
+    checkpoint = PPOExt.load(tmp_path / f"ckpt_{len(snapshots)}.zip")
+    actions, _ = checkpoint.predict(np.zeros((4, 3), dtype=np.float32))
+    assert np.all(np.isfinite(actions))
+
+
+def test_ppo1_mode_adapts_beta_once_per_update():
+    model = PPOExt("MlpPolicy", "Pendulum-v1", clip_range=None, kl_coef=1.0, kl_target=0.01, **TINY)
+    model.set_logger(configure(None, []))
+    betas = []
+
+    class Spy(BaseCallback):
+        def _on_rollout_start(self):
+            betas.append(self.model.current_kl_coef)
+
+        def _on_step(self):
+            # Within a rollout and across the minibatches of one update, beta never moves.
+            assert self.model.current_kl_coef == betas[-1]
+            return True
+
+    model.learn(32 * 4, callback=Spy())
+    ratios = [b / a for a, b in itertools.pairwise(betas)]
+    assert all(r in (0.5, 1.0, 2.0) for r in ratios), ratios
+    assert "train/clip_range" not in model.logger.name_to_value

@@ -5,13 +5,26 @@ In rollouts and in ``predict``.
 
 from __future__ import annotations
 
+import io
+
 import gymnasium as gym
 import numpy as np
 import pytest
-from helpers import TINY_ONE_BATCH
-from sb3_contrib.common.envs import InvalidActionEnvDiscrete
+import torch as th
+from gymnasium import spaces
+from helpers import MASK_ENVS, MASK_TINY, TINY_ONE_BATCH, ImageEnv, masked_kl_by_hand, quiet, weights
+from sb3_contrib import MaskablePPO
+from sb3_contrib.common.envs import InvalidActionEnvDiscrete, InvalidActionEnvMultiBinary, InvalidActionEnvMultiDiscrete
+from sb3_contrib.common.maskable.evaluation import evaluate_policy as maskable_evaluate_policy
+from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
+from stable_baselines3 import PPO
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.vec_env import VecNormalize
 
-from sb3_ppo_ext import MaskablePPOExt
+from sb3_ppo_ext import MaskablePPOExt, PPOExt
+from sb3_ppo_ext.callbacks import KLAdaptiveLR, ParameterScheduler, TrainingHealthGuard
+from sb3_ppo_ext.distributions import analytic_kl, torch_distributions
+from sb3_ppo_ext.reliability import ModelFileError
 
 
 class FaultyMasks(gym.Wrapper):
@@ -31,7 +44,6 @@ class FaultyMasks(gym.Wrapper):
 
 
 def _masked_env(space: str) -> gym.Env:
-    from sb3_contrib.common.envs import InvalidActionEnvMultiBinary, InvalidActionEnvMultiDiscrete
 
     if space == "multidiscrete":
         return InvalidActionEnvMultiDiscrete(dims=[3, 4], n_invalid_actions=1)
@@ -95,3 +107,188 @@ def test_predict_names_the_row_of_a_batch_and_refuses_a_transposed_batch_mask():
     masks[1] = False
     with pytest.raises(ValueError, match=r"action_masks row 1 allows no action"):
         model.predict(np.stack([obs] * 2), action_masks=masks)
+
+
+@pytest.mark.parametrize("env_name", list(MASK_ENVS))
+@pytest.mark.parametrize("extra", [{}, dict(clip_range_vf=0.1, target_kl=0.005, ent_coef=0.01)], ids=["plain", "vf_kl_ent"])
+def test_maskable_trains_bit_for_bit_like_maskable_ppo(env_name, extra):
+    trained = []
+    for cls in (MaskablePPO, MaskablePPOExt):
+        model = cls("MlpPolicy", MASK_ENVS[env_name](), **MASK_TINY, **extra)
+        model.learn(192)
+        trained.append(weights(model))
+    assert th.equal(*trained)
+
+
+@pytest.mark.parametrize("scale", [1.0, 60.0])
+def test_masked_kl_matches_a_hand_computation_and_is_finite(scale):
+    from sb3_contrib.common.maskable.distributions import MaskableCategoricalDistribution
+
+    gen = th.Generator().manual_seed(0)
+    p_logits, q_logits = scale * th.randn(32, 6, generator=gen), scale * th.randn(32, 6, generator=gen)
+    mask = th.rand(32, 6, generator=gen) > 0.4
+    mask[:, 0] = True
+    dists = []
+    for logits in (p_logits, q_logits):
+        dist = MaskableCategoricalDistribution(6).proba_distribution(logits)
+        dist.apply_masking(mask)
+        dists.append(torch_distributions(dist))
+    kl = analytic_kl(*dists)
+    assert th.isfinite(kl).all()
+    th.testing.assert_close(kl.double(), masked_kl_by_hand(p_logits, q_logits, mask), rtol=1e-4, atol=1e-5)
+    assert th.equal(analytic_kl(dists[0], dists[0]), th.zeros(32))
+
+
+@pytest.mark.parametrize("env_name", list(MASK_ENVS))
+def test_maskable_kl_penalty_and_diagnostics(env_name):
+    model = quiet(
+        MaskablePPOExt(
+            "MlpPolicy", MASK_ENVS[env_name](), kl_coef=1.0, kl_target=0.01, clip_range_vf=0.2, vf_clip_mode="max", **MASK_TINY
+        )
+    )
+    model.learn(128)
+    logged = model.logger.name_to_value
+    for key in (
+        "train/kl",
+        "train/kl_max",
+        "train/kl_penalty",
+        "train/kl_coef",
+        "train/clip_fraction",
+        "train/clip_fraction_vf",
+    ):
+        assert np.isfinite(logged[key]), key
+    assert model.current_kl_coef != 1.0  # the beta rule ran
+    # The logged KL is the masked KL(pi_old || pi_new): 0 for the policy against itself after the update.
+    assert 0 < logged["train/kl"] <= logged["train/kl_max"]
+
+
+def test_maskable_frozen_policy_has_zero_kl_penalty():
+    model = quiet(MaskablePPOExt("MlpPolicy", MASK_ENVS["multidiscrete"](), kl_coef=1.0, learning_rate=0.0, **MASK_TINY))
+    model.learn(64)
+    assert model.logger.name_to_value["train/kl_penalty"] == 0.0
+    assert model.logger.name_to_value["train/kl"] == 0.0
+
+
+def test_masked_actions_are_never_taken_or_predicted():
+    env = MASK_ENVS["discrete"]()
+    model = MaskablePPOExt("MlpPolicy", env, kl_coef=0.5, **MASK_TINY)
+    model.learn(128)
+    obs, _ = env.reset(seed=1)
+    for _ in range(20):
+        masks = env.action_masks()
+        action, _ = model.predict(obs, action_masks=masks)
+        assert masks[int(action)]
+        obs, *_ = env.step(action)
+    stored = model.rollout_buffer.actions.reshape(-1).astype(int)
+    masks = model.rollout_buffer.action_masks.reshape(-1, 12)
+    assert masks[np.arange(len(stored)), stored].all()
+    mean_reward, _ = maskable_evaluate_policy(model, MASK_ENVS["discrete"](), n_eval_episodes=2, warn=False)
+    assert np.isfinite(mean_reward)
+
+
+def test_maskable_bad_input():
+    with pytest.raises(ValueError, match="squash_output=True"):
+        MaskablePPOExt("MlpPolicy", MASK_ENVS["discrete"](), policy_kwargs=dict(squash_output=True))
+    with pytest.raises(ValueError, match="kl_target"):
+        MaskablePPOExt("MlpPolicy", MASK_ENVS["discrete"](), kl_target=0.01)
+    with pytest.raises(ValueError, match="vf_clip_mode"):
+        MaskablePPOExt("MlpPolicy", MASK_ENVS["discrete"](), vf_clip_mode="huber")
+    model = MaskablePPOExt("MlpPolicy", MASK_ENVS["discrete"](), **MASK_TINY)
+    obs, _ = model.env.reset(), None
+    with pytest.raises(ValueError, match=r"action_masks of shape \(5,\).*12"):
+        model.predict(obs, action_masks=np.ones(5, dtype=bool))
+
+
+class WrongMaskEnv(InvalidActionEnvDiscrete):
+    def action_masks(self):
+        return super().action_masks()[:-1]
+
+
+def test_env_masks_of_the_wrong_size_are_a_clear_error():
+    model = MaskablePPOExt("MlpPolicy", WrongMaskEnv(dim=12, n_invalid_actions=6), **MASK_TINY)
+    with pytest.raises(ValueError, match=r"env.action_masks\(\).*expected 1 mask\(s\) of 12"):
+        model.learn(64)
+
+
+def test_maskable_save_load_and_upstream_files(tmp_path):
+    model = MaskablePPOExt("MlpPolicy", MASK_ENVS["discrete"](), kl_coef=1.0, kl_target=0.01, **MASK_TINY)
+    model.learn(64)
+    model.save(tmp_path / "ext")
+    loaded = MaskablePPOExt.load(tmp_path / "ext", env=MASK_ENVS["discrete"]())
+    assert loaded.current_kl_coef == model.current_kl_coef and loaded.kl_target == 0.01
+    assert th.equal(weights(loaded), weights(model))
+    loaded.learn(64, reset_num_timesteps=False)
+
+    upstream = MaskablePPO("MlpPolicy", MASK_ENVS["discrete"](), **MASK_TINY)
+    upstream.learn(64)
+    upstream.save(tmp_path / "upstream")
+    from_upstream = MaskablePPOExt.load(tmp_path / "upstream", env=MASK_ENVS["discrete"]())
+    assert type(from_upstream.policy) is MaskableActorCriticPolicy and from_upstream.kl_coef == 0
+    assert th.equal(weights(from_upstream), weights(upstream))
+    quiet(from_upstream).learn(64, reset_num_timesteps=False)  # upstream policy, engine's update
+
+    PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=16).save(tmp_path / "ppo")
+    with pytest.raises(ModelFileError, match="MaskablePPOExt"):
+        MaskablePPOExt.load(tmp_path / "ppo")
+    with pytest.raises(ModelFileError):
+        PPOExt.load(tmp_path / "upstream")
+
+
+def test_env_masks_are_checked_without_an_extra_env_call():
+    env = make_vec_env(MASK_ENVS["discrete"], n_envs=1, seed=0)
+    calls = []
+    original = env.env_method
+
+    def env_method(name, *args, **kwargs):
+        calls.append(name)
+        return original(name, *args, **kwargs)
+
+    env.env_method = env_method
+    model = MaskablePPOExt("MlpPolicy", env, **MASK_TINY)
+    model.learn(3 * 64)
+    assert calls.count("action_masks") == 3 * 64  # upstream's one per step: its masks are the ones checked
+    model.save(io.BytesIO())  # the checked env is not part of a saved model
+
+
+def test_maskable_vec_normalize_and_callbacks(tmp_path):
+    # The masked test envs have discrete observations: VecNormalize normalises their rewards only.
+    venv = VecNormalize(make_vec_env(MASK_ENVS["multibinary"], n_envs=2, seed=0), norm_obs=False)
+    model = MaskablePPOExt("MlpPolicy", venv, kl_coef=1.0, kl_target=0.01, **MASK_TINY)
+    guard = TrainingHealthGuard(save_path=str(tmp_path / "guard"))
+    schedule = ParameterScheduler({"ent_coef": dict(kind="linear", start=0.01, end=0.0)})
+    callbacks = [KLAdaptiveLR(target_kl=0.01), guard, schedule]
+    model.learn(256, callback=callbacks)
+    assert model.ent_coef < 0.01 and model.policy.optimizer.param_groups[0]["lr"] != 3e-4  # both callbacks acted
+    model.save(tmp_path / "model")
+    loaded = MaskablePPOExt.load(tmp_path / "model", env=venv)
+    assert th.equal(weights(loaded), weights(model)) and loaded.current_kl_coef == model.current_kl_coef
+
+
+class DictImageEnv(ImageEnv):
+    """A Dict observation holding a channel-last image and a vector."""
+
+    observation_space = spaces.Dict(
+        {"image": ImageEnv.observation_space, "vector": spaces.Box(-1.0, 1.0, (2,), dtype=np.float32)}
+    )
+
+
+@pytest.mark.parametrize("env_class, policy", [(ImageEnv, "CnnPolicy"), (DictImageEnv, "MultiInputPolicy")])
+def test_maskable_predict_and_evaluation_on_channel_last_images(env_class, policy):
+    """predict(obs, action_masks=...) counts the observations as the policy batches them (after its transpose)."""
+    from sb3_contrib.common.maskable.callbacks import MaskableEvalCallback
+
+    model = MaskablePPOExt(policy, env_class(), n_steps=16, batch_size=8, n_epochs=1, seed=0)
+    obs, _ = env_class().reset()
+    masks = env_class().action_masks()
+    action, _ = model.predict(obs, action_masks=masks)
+    assert action.shape == () and masks[action]
+    batch = {key: np.stack([value] * 2) for key, value in obs.items()} if isinstance(obs, dict) else np.stack([obs] * 2)
+    actions, _ = model.predict(batch, action_masks=np.stack([masks] * 2))
+    assert actions.shape == (2,) and masks[actions].all()
+    with pytest.raises(ValueError, match=r"action_masks of shape \(3,\).*expected 2 mask\(s\)"):
+        model.predict(batch, action_masks=masks)
+    # sb3-contrib's evaluation passes the masks to predict with the env's channel-last observations.
+    maskable_evaluate_policy(model, env_class(), n_eval_episodes=2, warn=False)
+    evaluation = MaskableEvalCallback(env_class(), eval_freq=8, n_eval_episodes=2, warn=False, verbose=0)
+    quiet(model).learn(16, callback=evaluation)
+    assert evaluation.last_mean_reward == 1.0

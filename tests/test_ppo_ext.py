@@ -1,7 +1,6 @@
 """PPOExt end to end: objectives x value-clip forms x heads x action spaces, exact ratios, save/load, errors."""
 
 import copy
-import itertools
 
 import gymnasium as gym
 import numpy as np
@@ -9,7 +8,6 @@ import pytest
 import torch as th
 from gymnasium import spaces
 from helpers import TINY_NET as TINY
-from helpers import BrokenRewardEnv
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
@@ -20,11 +18,9 @@ from stable_baselines3.common.envs import (
     IdentityEnvMultiDiscrete,
 )
 from stable_baselines3.common.logger import configure
-from torch.distributions import kl_divergence
 
-from sb3_ppo_ext import NonFiniteLossError, PPOExt
+from sb3_ppo_ext import PPOExt
 from sb3_ppo_ext.distributions import TanhSquashedDistribution
-from sb3_ppo_ext.engine import Minibatch
 from sb3_ppo_ext.policies import PPOExtActorCriticPolicy
 
 OBJECTIVES = {
@@ -195,160 +191,6 @@ def test_save_load_predict_and_continue(tmp_path, objective):
         assert loaded.logger.name_to_value["train/kl_coef"] == model.current_kl_coef
 
 
-def test_logged_kl_is_analytic_kl_of_the_update():
-    """train/kl equals KL(pi_old || pi_new) recomputed with torch.distributions from a snapshot."""
-    snapshots = []
-
-    class Snapshot(BaseCallback):
-        def _on_rollout_end(self):
-            snapshots.append((copy.deepcopy(self.model.policy), self.model.rollout_buffer.observations.copy()))
-
-        def _on_step(self):
-            return True
-
-    model = PPOExt("MlpPolicy", make_vec_env("Pendulum-v1", n_envs=2, seed=0), **TINY)
-    model.set_logger(configure(None, []))
-    model.learn(64, callback=Snapshot())
-    old_policy, observations = snapshots[-1]
-    obs = th.as_tensor(observations.reshape(-1, observations.shape[-1]))
-    with th.no_grad():
-        old = old_policy.get_distribution(obs).distribution
-        new = model.policy.get_distribution(obs).distribution
-        kl = kl_divergence(old, new).sum(-1)
-    assert model.logger.name_to_value["train/kl"] == pytest.approx(kl.mean().item(), rel=1e-4)
-    assert model.logger.name_to_value["train/kl_max"] == pytest.approx(kl.max().item(), rel=1e-4)
-
-
-def test_target_kl_early_stop_is_reported():
-    model = PPOExt(
-        "MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=16, n_epochs=10, target_kl=1e-6, seed=0, learning_rate=1e-2
-    )
-    model.set_logger(configure(None, []))
-    model.learn(64)
-    assert model.logger.name_to_value["train/epochs_completed"] < 10
-
-
-def test_diagnostic_means_are_sample_weighted():
-    from sb3_ppo_ext.engine import _UpdateStats
-
-    stats = _UpdateStats()
-    stats.add_mean(3, x=th.tensor(1.0))
-    stats.add_mean(1, x=th.tensor(5.0))
-    stats.add_extremes("r", th.tensor([0.9, 1.1]))
-    stats.add_extremes("r", th.tensor([0.8, 1.0]))
-    assert stats.mean("x") == pytest.approx(2.0)
-    assert stats.extremes("r") == pytest.approx((0.8, 1.1))
-    assert stats.extremes("r") == pytest.approx((0.8, 1.1))
-
-
-def test_diagnostic_means_with_keys_that_come_and_go():
-    """Minibatches may log different key sets (e.g. a KL term from some minibatches only): each key has its own weights."""
-    from sb3_ppo_ext.engine import _UpdateStats
-
-    rng = np.random.default_rng(0)
-    stats, log = _UpdateStats(), []
-    for i in range(50):
-        weight = float(rng.integers(1, 64))
-        values = {"a": float(np.float32(rng.normal())), "b": float(np.float32(rng.normal()))}
-        if i % 3 == 0:
-            values["c"] = float(np.float32(rng.normal()))
-        stats.add_mean(weight, **{k: th.tensor(v) for k, v in values.items()})
-        log.append((weight, values))
-    for key in ("a", "b", "c"):
-        pairs = [(w, v[key]) for w, v in log if key in v]
-        expected = sum(w * x for w, x in pairs) / sum(w for w, _ in pairs)
-        assert stats.mean(key) == pytest.approx(expected, rel=1e-6)
-    assert "c" in stats and "d" not in stats
-    # A minibatch added after a read is taken into account.
-    stats.add_mean(1.0, a=th.tensor(1e3), b=th.tensor(0.0))
-    pairs = [(w, v["a"]) for w, v in log] + [(1.0, 1e3)]
-    assert stats.mean("a") == pytest.approx(sum(w * x for w, x in pairs) / sum(w for w, _ in pairs), rel=1e-6)
-
-
-@pytest.mark.parametrize("squash", [True, False])
-def test_entropy_logged_without_grad_changes_neither_loss_nor_gradient(monkeypatch, squash):
-    """With ent_coef == 0 the entropy is computed outside the graph: the same loss, gradient, entropy and RNG draws as
-    computing it with its graph; with ent_coef > 0 the gradient is the ent_coef == 0 one minus ent_coef x grad(entropy)."""
-    env = make_vec_env("Pendulum-v1", n_envs=2, seed=0)
-    model = PPOExt("MlpPolicy", env, **kwargs_for("clip", squash))
-    model.set_logger(configure(None, []))
-    model.learn(64)
-    next(model.rollout_buffer.get(batch_size=None))  # flattens the buffer
-    index = th.arange(0, 64, 3)
-    rollout = model.rollout_buffer._get_samples(index.numpy())
-    batch = Minibatch(rollout, None)
-    model.policy.set_training_mode(True)
-
-    def losses_and_grads():
-        model.policy.optimizer.zero_grad()
-        th.manual_seed(7)
-        terms = model.minibatch_losses(batch, 0.2, None, 0.0)
-        terms["loss"].backward()
-        grads = [p.grad.clone() for p in model.policy.parameters()]
-        return terms, grads, th.get_rng_state()
-
-    calls = []
-    original = type(model.policy).evaluate_actions_and_distribution
-
-    def spy(self, obs, actions, entropy_requires_grad=True):
-        calls.append(entropy_requires_grad)
-        return original(self, obs, actions, entropy_requires_grad=entropy_requires_grad)
-
-    monkeypatch.setattr(type(model.policy), "evaluate_actions_and_distribution", spy)
-    terms, grads, rng = losses_and_grads()
-    assert calls == [False]
-
-    def with_graph(self, obs, actions, entropy_requires_grad=True):
-        return original(self, obs, actions, entropy_requires_grad=True)
-
-    monkeypatch.setattr(type(model.policy), "evaluate_actions_and_distribution", with_graph)
-    ref_terms, ref_grads, ref_rng = losses_and_grads()
-    assert th.equal(th.get_rng_state(), ref_rng) and th.equal(rng, ref_rng)
-    for key in ("loss", "entropy", "policy_gradient_loss", "value_loss"):
-        assert th.equal(terms[key], ref_terms[key]), key
-    for got, want in zip(grads, ref_grads, strict=True):
-        assert th.equal(got, want)
-
-    # ent_coef > 0: the entropy term's own gradient (same draws) is added.
-    monkeypatch.setattr(type(model.policy), "evaluate_actions_and_distribution", spy)
-    calls.clear()
-    model.ent_coef = 0.1
-    with_bonus_terms, with_bonus, _ = losses_and_grads()
-    assert calls == [True]
-    model.policy.optimizer.zero_grad()
-    th.manual_seed(7)
-    obs = rollout.observations
-    _, log_prob, entropy, _ = original(model.policy, obs, rollout.actions)
-    entropy_mean = -log_prob.mean() if entropy is None else entropy.mean()
-    entropy_grads = th.autograd.grad(entropy_mean, list(model.policy.parameters()), allow_unused=True)
-    assert th.allclose(with_bonus_terms["entropy"], ref_terms["entropy"])
-    for got, base, ent in zip(with_bonus, grads, entropy_grads, strict=True):
-        expected = base if ent is None else base - 0.1 * ent
-        assert th.allclose(got, expected, atol=1e-6)
-
-
-def test_non_finite_loss_raises_before_any_update(tmp_path):
-    snapshots = []
-
-    class Snapshot(BaseCallback):
-        def _on_rollout_end(self):
-            snapshots.append(copy.deepcopy(self.model.policy.state_dict()))
-            self.model.save(tmp_path / f"ckpt_{len(snapshots)}.zip")
-
-        def _on_step(self):
-            return True
-
-    model = PPOExt("MlpPolicy", BrokenRewardEnv(at=101), n_steps=32, batch_size=16, seed=0)
-    with pytest.raises(NonFiniteLossError, match=r"non-finite loss .*No parameter was updated"):
-        model.learn(320, callback=Snapshot())
-    assert len(snapshots) >= 2
-    for key, value in model.policy.state_dict().items():
-        assert th.equal(value, snapshots[-1][key]), key
-    checkpoint = PPOExt.load(tmp_path / f"ckpt_{len(snapshots)}.zip")
-    actions, _ = checkpoint.predict(np.zeros((4, 3), dtype=np.float32))
-    assert np.all(np.isfinite(actions))
-
-
 BAD_ARGUMENTS = [
     (dict(clip_range=0.0), "clip_range=0.0"),
     (dict(clip_range=-0.1), "clip_range=-0.1"),
@@ -389,26 +231,6 @@ def test_squashing_a_non_box_space_is_a_value_error(env):
         PPOExt("MlpPolicy", env, policy_kwargs=dict(squash_output=True))
     with pytest.raises(ValueError, match="state_dependent_std=True needs a Box action space"):
         PPOExt("MlpPolicy", env, policy_kwargs=dict(state_dependent_std=True))
-
-
-def test_ppo1_mode_adapts_beta_once_per_update():
-    model = PPOExt("MlpPolicy", "Pendulum-v1", clip_range=None, kl_coef=1.0, kl_target=0.01, **TINY)
-    model.set_logger(configure(None, []))
-    betas = []
-
-    class Spy(BaseCallback):
-        def _on_rollout_start(self):
-            betas.append(self.model.current_kl_coef)
-
-        def _on_step(self):
-            # Within a rollout and across the minibatches of one update, beta never moves.
-            assert self.model.current_kl_coef == betas[-1]
-            return True
-
-    model.learn(32 * 4, callback=Spy())
-    ratios = [b / a for a, b in itertools.pairwise(betas)]
-    assert all(r in (0.5, 1.0, 2.0) for r in ratios), ratios
-    assert "train/clip_range" not in model.logger.name_to_value
 
 
 def test_state_dependent_std_head():

@@ -383,7 +383,8 @@ def test_env_receives_actions_of_its_declared_dtype_and_shape(action_space: spac
     model = PPOExt(
         "MlpPolicy", DummyVecEnv([lambda: StrictActionEnv(action_space)]), **{**TINY_ONE_BATCH, "policy_kwargs": policy_kwargs}
     )
-    model.learn(64)
+    model.learn(64)  # StrictActionEnv raises on any action outside its declared dtype, shape and space
+    assert model.num_timesteps == 64 and model._n_updates == 2
 
 
 def test_wrong_observation_or_action_space_at_use_is_a_clear_error(saved_model: Path):

@@ -66,8 +66,15 @@ def envs():
 
 
 def test_200_sampled_configurations_construct(sampled, envs):
+    assert len(sampled) == 200
     for _, settings, continuous in sampled:
-        PPOExt("MlpPolicy", envs[continuous], device="cpu", **to_ppo_ext_kwargs(settings))
+        model = PPOExt("MlpPolicy", envs[continuous], device="cpu", **to_ppo_ext_kwargs(settings))
+        assert (model.n_steps, model.batch_size, model.n_epochs) == (
+            settings["n_steps"],
+            settings["batch_size"],
+            settings["n_epochs"],
+        )
+        assert model.kl_coef == settings.get("kl_coef", 0.0) and model.policy is not None
 
 
 def test_20_sampled_configurations_learn_one_iteration(sampled):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch as th
 from gymnasium import spaces
+from helpers import TINY as SMALL
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback, EvalCallback, StopTrainingOnMaxEpisodes
 from stable_baselines3.common.env_util import make_vec_env
@@ -23,8 +24,6 @@ from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize
 
 from sb3_ppo_ext import PPOExt
-
-SMALL = dict(n_steps=32, batch_size=16, n_epochs=2, seed=0)
 
 
 @pytest.mark.filterwarnings("ignore:You have specified a mini-batch size")
@@ -45,7 +44,11 @@ SMALL = dict(n_steps=32, batch_size=16, n_epochs=2, seed=0)
 )
 def test_run(env_id, kwargs):
     model = PPOExt("MlpPolicy", env_id, **{**SMALL, **kwargs})
+    before = th.nn.utils.parameters_to_vector(model.policy.parameters()).detach().clone()
     model.learn(64)
+    after = th.nn.utils.parameters_to_vector(model.policy.parameters())
+    assert model.num_timesteps == 64 and model._n_updates > 0
+    assert th.isfinite(after).all() and not th.equal(after, before)
 
 
 @pytest.mark.parametrize(
@@ -91,7 +94,8 @@ def test_observation_spaces(obs_space):
             return self.observation_space.sample(), reward, terminated, truncated, info
 
     model = PPOExt("MlpPolicy", Env(), **SMALL).learn(64)
-    model.predict(obs_space.sample())
+    action, _ = model.predict(obs_space.sample())
+    assert model.num_timesteps == 64 and model.action_space.contains(action)
 
 
 @pytest.mark.parametrize("discrete", [True, False])
@@ -158,7 +162,8 @@ def test_vec_normalize_save_load(tmp_path):
 def test_subproc_vec_env():
     env = make_vec_env("Pendulum-v1", n_envs=2, vec_env_cls=SubprocVecEnv, vec_env_kwargs=dict(start_method="fork"))
     try:
-        PPOExt("MlpPolicy", env, **SMALL).learn(128)
+        model = PPOExt("MlpPolicy", env, **SMALL).learn(128)
+        assert model.num_timesteps == 128 and model.n_envs == 2
     finally:
         env.close()
 
@@ -241,9 +246,9 @@ def test_same_interface_as_ppo():
 
 
 def test_dummy_and_gym_env_and_string_env():
-    PPOExt("MlpPolicy", DummyVecEnv([lambda: IdentityEnvBox()]), **SMALL).learn(64)
-    PPOExt("MlpPolicy", IdentityEnvBox(), **SMALL).learn(64)
-    PPOExt("MlpPolicy", "Pendulum-v1", **SMALL).learn(64)
+    for env in (DummyVecEnv([lambda: IdentityEnvBox()]), IdentityEnvBox(), "Pendulum-v1"):
+        model = PPOExt("MlpPolicy", env, **SMALL).learn(64)
+        assert isinstance(model.get_env(), DummyVecEnv) and model.num_timesteps == 64
 
 
 @pytest.mark.parametrize("kwargs", [dict(), dict(clip_range_vf=0.1, ent_coef=0.01), dict(use_sde=True)])

@@ -60,6 +60,7 @@ def test_numpy_scalars_are_accepted_like_ppo(kwargs):
     PPO("MlpPolicy", "Pendulum-v1", **{k: v for k, v in settings.items() if not k.startswith("kl_")})
     model = PPOExt("MlpPolicy", "Pendulum-v1", **settings)
     model.learn(32)
+    assert model._n_updates > 0 and model.n_epochs == int(settings["n_epochs"]) and isinstance(model.n_epochs, int)
 
 
 @pytest.mark.parametrize(
