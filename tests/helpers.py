@@ -6,16 +6,25 @@ Imported as ``from helpers import ...`` (pytest's ``pythonpath`` setting puts ``
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import subprocess
+import time
 from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import pytest
 import torch as th
 from gymnasium import spaces
+from sb3_contrib import MaskablePPO, RecurrentPPO
 from sb3_contrib.common.envs import InvalidActionEnvDiscrete, InvalidActionEnvMultiBinary, InvalidActionEnvMultiDiscrete
+from stable_baselines3 import PPO
 from stable_baselines3.common.logger import configure
 from stable_baselines3.common.vec_env import DummyVecEnv
+
+from sb3_ppo_ext import MaskablePPOExt, PPOExt, RecurrentPPOExt
 
 # The tiny settings of the unit tests: one short rollout, a few minibatches. Tests that give their own
 # policy_kwargs use TINY; TINY_NET adds a small network.
@@ -74,8 +83,10 @@ def quiet(model):
     return model
 
 
-class RecordingBoxEnv(gym.Env):
-    """Asymmetric bounds; records every action it receives; short episodes so that sequences are padded."""
+class AsymmetricBoxEnv(gym.Env):
+    """Asymmetric bounds ([-1, 3] x [0, 0.5]); records every action it receives; rewards the upper corner."""
+
+    episode_length = 20
 
     def __init__(self):
         self.action_space = spaces.Box(np.array([-1.0, 0.0], dtype=np.float32), np.array([3.0, 0.5], dtype=np.float32))
@@ -87,10 +98,22 @@ class RecordingBoxEnv(gym.Env):
         self._t = 0
         return self.observation_space.sample(), {}
 
+    def reward(self, action) -> float:
+        return -float(np.sum((action - self.action_space.high) ** 2))
+
     def step(self, action):
         self.received.append(np.array(action, copy=True))
         self._t += 1
-        return self.observation_space.sample(), float(action[0]), False, self._t >= 7, {}
+        return self.observation_space.sample(), self.reward(action), False, self._t >= self.episode_length, {}
+
+
+class RecordingBoxEnv(AsymmetricBoxEnv):
+    """The asymmetric box with short episodes, so that recurrent sequences are padded; the reward is the first action."""
+
+    episode_length = 7
+
+    def reward(self, action) -> float:
+        return float(action[0])
 
 
 class ImageEnv(gym.Env):
@@ -138,11 +161,6 @@ class Member:
 
 
 def _family() -> dict[str, Member]:
-    from sb3_contrib import MaskablePPO, RecurrentPPO
-    from stable_baselines3 import PPO
-
-    from sb3_ppo_ext import MaskablePPOExt, PPOExt, RecurrentPPOExt
-
     pendulum = lambda: gym.make("Pendulum-v1")  # noqa: E731
     return {
         "ppo": Member("ppo", PPOExt, PPO, "MlpPolicy", pendulum, dict(TINY)),
@@ -155,3 +173,24 @@ def _family() -> dict[str, Member]:
 
 # The family: PPOExt, MaskablePPOExt and RecurrentPPOExt (the ``family`` fixture of conftest.py runs a test on each).
 FAMILY = _family()
+
+
+def run_and_sigkill(command: list[str], ready: Callable[[], bool], timeout: float = 180, **popen_kwargs) -> None:
+    """Start ``command``, poll ``ready()`` until it holds, SIGKILL the child and check that it died of it."""
+    popen_kwargs.setdefault("env", {**os.environ, "OMP_NUM_THREADS": "1"})
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen_kwargs)
+    deadline = time.monotonic() + timeout
+    try:
+        while not ready():
+            if process.poll() is not None:
+                _, stderr = process.communicate()
+                pytest.fail(f"child exited with {process.returncode} before it was ready:\n{stderr.decode()[-3000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"child not ready after {timeout} s")
+            time.sleep(0.05)
+        os.kill(process.pid, signal.SIGKILL)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=30)
+    assert process.returncode == -signal.SIGKILL

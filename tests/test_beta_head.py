@@ -4,11 +4,10 @@ import numpy as np
 import pytest
 import torch as th
 from gymnasium import spaces
-from helpers import TINY
+from helpers import TINY, AsymmetricBoxEnv
 from scipy import integrate, stats
 from stable_baselines3 import PPO
 from stable_baselines3.common.logger import configure
-from test_ppo_ext import AsymmetricBoxEnv  # asymmetric bounds, records the actions it receives
 from torch.distributions import Beta
 
 from sb3_ppo_ext import PPOExt, RecurrentPPOExt

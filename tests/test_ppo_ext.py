@@ -2,12 +2,11 @@
 
 import copy
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch as th
-from gymnasium import spaces
 from helpers import TINY_NET as TINY
+from helpers import AsymmetricBoxEnv
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
@@ -41,29 +40,6 @@ ACTION_ENVS = {
     "multidiscrete": (lambda: IdentityEnvMultiDiscrete(2, ep_length=10), None),
     "multibinary": (lambda: IdentityEnvMultiBinary(2, ep_length=10), None),
 }
-
-
-class AsymmetricBoxEnv(gym.Env):
-    """Rewards staying near the upper corner of an asymmetric box; records every action it receives."""
-
-    def __init__(self):
-        self.action_space = spaces.Box(
-            low=np.array([-1.0, 0.0], dtype=np.float32), high=np.array([3.0, 0.5], dtype=np.float32)
-        )
-        self.observation_space = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
-        self.received = []
-        self._t = 0
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self._t = 0
-        return self.observation_space.sample(), {}
-
-    def step(self, action):
-        self.received.append(np.array(action, copy=True))
-        self._t += 1
-        reward = -float(np.sum((action - self.action_space.high) ** 2))
-        return self.observation_space.sample(), reward, False, self._t >= 20, {}
 
 
 def kwargs_for(name, squash):

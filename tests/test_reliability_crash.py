@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch as th
+from helpers import run_and_sigkill
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 from sb3_ppo_ext import PPOExt
@@ -120,27 +118,6 @@ def held_step(*args, **kwargs):
 model.policy.optimizer.step = held_step
 model.learn(10**6, callback=[KLAdaptiveLR(target_kl=10.0), checkpoints])
 """
-
-
-def run_and_sigkill(command: list[str], ready: Callable[[], bool], timeout: float = 180, **popen_kwargs) -> None:
-    """Start ``command``, poll ``ready()`` until it holds, SIGKILL the child and check that it died of it."""
-    popen_kwargs.setdefault("env", {**os.environ, "OMP_NUM_THREADS": "1"})
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen_kwargs)
-    deadline = time.monotonic() + timeout
-    try:
-        while not ready():
-            if process.poll() is not None:
-                _, stderr = process.communicate()
-                pytest.fail(f"child exited with {process.returncode} before it was ready:\n{stderr.decode()[-3000:]}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"child not ready after {timeout} s")
-            time.sleep(0.05)
-        os.kill(process.pid, signal.SIGKILL)
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.communicate(timeout=30)
-    assert process.returncode == -signal.SIGKILL
 
 
 def _run_until(command: list[str], marker: Path, **popen_kwargs) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from test_reliability_crash import run_and_sigkill
+from helpers import run_and_sigkill
 
 from sb3_ppo_ext.samplers import make_storage
 
