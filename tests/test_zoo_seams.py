@@ -468,3 +468,26 @@ def test_the_hook_installs_the_subclass_before_train_binds_it(tmp_path: Path):
     assert _run([sys.executable, "-c", probe], tmp_path, hook=True).stdout.strip() == "True rl_zoo3.exp_manager True"
     plain = "import rl_zoo3.train as t, sys; print(t.ExperimentManager.__module__, 'sb3_ppo_ext.zoo_manager' in sys.modules)"
     assert _run([sys.executable, "-c", plain], tmp_path, hook=False).stdout.strip() == "rl_zoo3.exp_manager False"
+
+
+def test_policy_kwargs_of_a_policy_named_by_path_are_checked_once_rl_zoo3_imported_it(tmp_path: Path):
+    """A dotted ``policy`` is a class only after rl-zoo3's preprocessing: its ``policy_kwargs`` are checked then."""
+    import yaml
+    from torch import nn
+
+    from sb3_ppo_ext import zoo
+
+    policy = "sb3_ppo_ext.policies.PPOExtActorCriticPolicy"
+    conf = tmp_path / "conf.yml"
+    entry = {"n_timesteps": 64, "policy": policy, "n_steps": 64, "batch_size": 32, "policy_kwargs": {"net_arc": [8]}}
+    conf.write_text(yaml.safe_dump({"Pendulum-v1": entry}))
+    manager = _manager("ppo_ext", "Pendulum-v1", tmp_path / "logs", config=str(conf), verbose=0)
+    hyperparams, _ = manager.read_hyperparameters()  # the names of a class given by path are unknown here
+    with pytest.raises(zoo.ZooConfigError, match=r"conf\.yml \(env Pendulum-v1\), policy_kwargs: unknown key 'net_arc'"):
+        manager._preprocess_hyperparams(hyperparams)
+    entry["policy_kwargs"] = {"net_arch": [8], "activation_fn": "tanh"}
+    conf.write_text(yaml.safe_dump({"Pendulum-v1": entry}))
+    hyperparams, _ = _manager("ppo_ext", "Pendulum-v1", tmp_path / "logs", config=str(conf), verbose=0).read_hyperparameters()
+    processed, *_ = manager._preprocess_hyperparams(hyperparams)
+    assert processed["policy"].__name__ == "PPOExtActorCriticPolicy"
+    assert processed["policy_kwargs"]["activation_fn"] is nn.Tanh
