@@ -74,7 +74,7 @@ ALGO_NAME = "ppo_ext"
 OUR_ALGOS = frozenset(settings.ALGORITHMS)
 # Keyword arguments that rl-zoo3 passes to the algorithm itself: a yml entry may not set them.
 ZOO_RESERVED_KWARGS = settings.RESERVED_KEYS - {"_init_setup_model"}
-# Marks the rl-zoo3 objects already patched, so that registering twice changes nothing.
+# Marks what registration installed (the ExperimentManager subclass, each wrapper): registering twice changes nothing.
 _PATCHED = "_sb3_ppo_ext_patched"
 
 
