@@ -4,8 +4,10 @@
 at interpreter start and calls :func:`install`, which puts one small finder at the front of
 ``sys.meta_path``. The finder does nothing until one of the rl-zoo3 modules in :data:`WATCHED` is
 imported; then, right after that module has run, it hands the module to ``sb3_ppo_ext.zoo``,
-which adds ``ALGOS["ppo_ext"]``, the Optuna sampler and converter, and the default
-``ppo_ext.yml``. Nothing heavy (not even ``sb3_ppo_ext``) is imported before that.
+which adds ``ALGOS["ppo_ext"]``, the Optuna sampler and converter, and sets
+``rl_zoo3.exp_manager.ExperimentManager`` to the package's subclass (default ``ppo_ext.yml``,
+settings checks, ...) before ``rl_zoo3.train`` imports that name. Nothing heavy (not even
+``sb3_ppo_ext``) is imported before that.
 
 Rules this module keeps, because it runs in every interpreter of the environment:
 

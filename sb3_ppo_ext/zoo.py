@@ -4,8 +4,9 @@ rl-zoo3 has no plugin interface: ``--algo`` choices come from ``rl_zoo3.utils.AL
 arguments are parsed, the default hyperparameter file is looked up inside the rl_zoo3 package and
 ``-optimize`` reads ``rl_zoo3.hyperparams_opt.HYPERPARAMS_SAMPLER`` / ``HYPERPARAMS_CONVERTER``.
 This module adds PPOExt at each of these seams, one rl-zoo3 module at a time, right after that
-module is first imported (:func:`on_zoo_module_imported`, called by the ``sb3_ppo_ext_zoo_hook``
-startup hook), or all at once (:func:`register`, used by ``python -m sb3_ppo_ext.zoo``).
+module has executed (:func:`on_zoo_module_imported`, called by the ``sb3_ppo_ext_zoo_hook``
+startup hook), or all at once (:func:`register`, used by ``python -m sb3_ppo_ext.zoo``). Each
+registration is idempotent: what it installed carries the :data:`_PATCHED` marker.
 
 Every seam acts only when rl-zoo3 runs one of this package's algorithms (:data:`OUR_ALGOS`,
 tested by :func:`is_ours`); for rl-zoo3's own algorithms (``--algo ppo``, ``sac``, ...) each one
@@ -16,48 +17,48 @@ each exists:
 - ``rl_zoo3.utils.ALGOS``: ``ALGOS["ppo_ext"] = PPOExt`` and every other entry of
   :data:`sb3_ppo_ext.settings.ALGORITHMS` (new keys; existing keys are kept), as
   ``--algo`` choices are read from it when the parser is built.
-- ``rl_zoo3.utils.StoreDict.__call__``: for our algorithms a malformed ``-params`` /
-  ``--env-kwargs`` value becomes an argparse error (usage line, exit status 2) naming the value,
-  instead of rl-zoo3's traceback from ``eval``. The algorithm is read from the command line, as
-  ``-params`` may come before ``--algo``; for any other algorithm the error propagates as before.
-- ``rl_zoo3.hyperparams_opt.HYPERPARAMS_SAMPLER`` / ``HYPERPARAMS_CONVERTER``: new ``ppo_ext``
-  keys, the sampler and converter of :mod:`sb3_ppo_ext.samplers` (``-optimize``, ``--trial-id``).
-- ``ExperimentManager.__init__``: the default ``--conf-file`` is the ``ppo_ext.yml`` shipped in this
-  package (rl-zoo3 only looks inside its own package).
-- ``ExperimentManager.read_hyperparameters``: the settings are checked by
-  :mod:`sb3_ppo_ext.settings` before rl-zoo3 merges ``-params``, parses schedules or evaluates
-  strings: the yml entry and the ``-params`` values each key by key (a mistake is blamed on its
-  own source), then the merged settings as a whole; nothing is written before.
-- ``ExperimentManager._preprocess_hyperparams``: ``clip_range: null`` / ``clip_range_vf: null``
-  pass through (rl-zoo3 would make schedules of them), and activation names in ``policy_kwargs``
-  (``activation_fn: tanh``) are mapped to torch classes without ``eval``.
-- ``ExperimentManager.setup_experiment``: with ``-optimize``, the Optuna storage is opened first,
-  so an unreachable database leaves no folder; a run folder created by a failed run is removed
-  (it would become the "latest" run that ``enjoy`` loads), and so is an empty ``<log-folder>/<algo>``.
-- ``sys.excepthook`` (for our errors only): a settings or storage error ends the command with one
-  ``error: ...`` paragraph and exit status 1, without a traceback.
-- ``ExperimentManager.hyperparameters_optimization`` / ``load_trial``: an Optuna storage URL is
-  opened (and checked) through :func:`sb3_ppo_ext.storage.make_storage` before a study starts or
-  a ``--trial-id`` is loaded, and ``-optimize`` runs on that storage object (Optuna's heartbeat: a
-  dead worker's trial is failed and retried); with ``--max-total-trials``, rl-zoo3's
-  ``MaxTrialsCallback`` becomes :class:`TrialBudgetCallback` (stale trials are failed before each
-  count, and the study runs until that many trials have finished); a run folder without a model
-  is removed afterwards.
-- ``ExperimentManager.create_callbacks`` / ``_maybe_normalize`` / ``_load_pretrained_agent`` /
-  ``learn``: ``--save-freq`` checkpoints are written atomically with their VecNormalize statistics,
-  and ``-i <checkpoint>`` resumes with them, with the timestep count and (when KLAdaptiveLR is
-  used) the checkpoint's learning rate.
+- ``rl_zoo3.hyperparams_opt.HYPERPARAMS_SAMPLER`` / ``HYPERPARAMS_CONVERTER``: new keys, the
+  samplers and converters of :mod:`sb3_ppo_ext.samplers` (``-optimize``, ``--trial-id``).
+- ``rl_zoo3.exp_manager.ExperimentManager``: replaced, once, by the subclass
+  :class:`sb3_ppo_ext.zoo_manager.PPOExtExperimentManager` right after that module executed, so
+  ``rl_zoo3.train`` binds the subclass when it imports the name (:func:`_install_experiment_manager`).
+  Its overrides (each calls rl-zoo3's method through ``super()``; see that module for the one that
+  merges itself) give our algorithms: the ``ppo_ext.yml`` shipped in this package as the default
+  ``--conf-file``; the settings read once and each entry checked once by :mod:`sb3_ppo_ext.settings`
+  before rl-zoo3 parses schedules or evaluates strings (the yml entry and the ``-params`` values key
+  by key, each mistake blamed on its own source, then the merged settings as a whole; nothing is
+  written before); ``clip_range: null`` / ``clip_range_vf: null`` passed through rl-zoo3's
+  preprocessing and activation names mapped to torch classes without ``eval``; with ``-optimize``,
+  the Optuna storage opened first (an unreachable database leaves no folder), on Optuna's
+  heartbeat (:func:`_check_storage`), with ``--max-total-trials`` counted by
+  :class:`TrialBudgetCallback`; a run folder left by a failed run (or ``-optimize``'s, which holds
+  no model) removed, since it would become the "latest" run that ``enjoy`` loads; for a masked
+  algorithm, envs checked for ``action_masks()`` and evaluation envs whose observations carry
+  them; ``--save-freq`` checkpoints written atomically with their VecNormalize statistics, and
+  ``-i <checkpoint>`` resumed with them, with the timestep count and (with
+  :class:`~sb3_ppo_ext.callbacks.KLAdaptiveLR`) the checkpoint's learning rate.
 
-Importing this module imports neither rl_zoo3 nor optuna.
+Three seams remain wrappers in place, each one function with the :data:`_PATCHED` marker, where
+rl-zoo3 offers nothing to subclass or configure (their docstrings say why):
+
+- ``rl_zoo3.utils.StoreDict.__call__`` (:func:`_store_dict_errors`): for our algorithms a
+  malformed ``-params`` / ``--env-kwargs`` value becomes an argparse error (usage line, exit
+  status 2) naming the value, instead of rl-zoo3's traceback from ``eval``. The algorithm is read
+  from the command line, as ``-params`` may come before ``--algo``.
+- ``rl_zoo3.utils.create_test_env`` (:func:`_masked_test_envs`): ``enjoy`` / ``record_video``
+  with a masked algorithm evaluate on observations that carry their masks.
+- ``sys.excepthook`` (:func:`_print_settings_errors`, for our errors only): a settings or storage
+  error ends the command with one ``error: ...`` paragraph and exit status 1, without a traceback.
+
+Importing this module imports neither rl_zoo3 nor optuna (:mod:`sb3_ppo_ext.zoo_manager` does,
+and is imported only once ``rl_zoo3.exp_manager`` has run).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import os
-import shutil
 import sys
 from collections.abc import Iterator
 from types import ModuleType
@@ -73,7 +74,7 @@ ALGO_NAME = "ppo_ext"
 OUR_ALGOS = frozenset(settings.ALGORITHMS)
 # Keyword arguments that rl-zoo3 passes to the algorithm itself: a yml entry may not set them.
 ZOO_RESERVED_KWARGS = settings.RESERVED_KEYS - {"_init_setup_model"}
-# Marks the rl-zoo3 objects already patched, so that registering twice changes nothing.
+# Marks what registration installed (the ExperimentManager subclass, each wrapper): registering twice changes nothing.
 _PATCHED = "_sb3_ppo_ext_patched"
 
 
@@ -100,6 +101,14 @@ def check_hyperparams(hyperparams: dict[str, Any], source: str, algo: str = ALGO
     problems = settings.entry_problems(hyperparams, algo)
     if problems:
         raise ZooConfigError(f"invalid {algo} hyperparameters from {source}: {'; '.join(problems)}")
+    return resolve_activation(hyperparams)
+
+
+def resolve_activation(hyperparams: dict[str, Any]) -> dict[str, Any]:
+    """
+    The settings with an activation name in ``policy_kwargs`` (``activation_fn: tanh``) made the
+    torch class (:func:`sb3_ppo_ext.settings.activation_class`), without ``eval``; a new dict if changed.
+    """
     policy_kwargs = hyperparams.get("policy_kwargs")
     if isinstance(policy_kwargs, dict) and isinstance(policy_kwargs.get("activation_fn"), str):
         activation = settings.activation_class(policy_kwargs["activation_fn"])
@@ -107,35 +116,14 @@ def check_hyperparams(hyperparams: dict[str, Any], source: str, algo: str = ALGO
     return hyperparams
 
 
-def _check_settings_before_zoo(manager: Any) -> str:
-    """
-    ``read_hyperparameters`` for our algorithms, before rl-zoo3 reads anything: the yml entry it will
-    use and the ``-params`` values, each checked key by key and blamed on its own source.
-
-    :return: the name of the settings' source, for the check of the merged settings
-    """
-    algo, config, env_id = manager.algo, str(manager.config), manager.env_name.gym_id
-    source = config
-    if config.endswith((".yml", ".yaml")):  # a .py conf file or a module is rl-zoo3's to execute
-        entries = settings.read_entries(config)
-        name = settings.select_entry(entries, env_id, atari=bool(getattr(manager, "_is_atari", False)))
-        if name is not None:
-            source = f"{config} (entry {name!r})"
-            problems = settings.entry_problems(entries[name], algo, whole=False)
-            if problems:
-                raise ZooConfigError(f"invalid {algo} hyperparameters in {source}: {'; '.join(problems)}")
-    if manager.custom_hyperparams:
-        problems = settings.entry_problems(manager.custom_hyperparams, algo, whole=False)
-        if problems:
-            raise ZooConfigError(f"invalid {algo} hyperparameters in -params: {'; '.join(problems)}")
-        source += " with -params"
-    return source
-
-
 def _print_settings_errors(hook: Any) -> Any:
     """
     ``sys.excepthook`` that prints our settings and storage errors as one ``error:`` paragraph,
     without a traceback (the exit status stays 1); every other exception goes to ``hook``.
+
+    A wrapper of the hook in place, because the error leaves rl-zoo3's ``train`` (its ``__main__``
+    has no ``try``), and Python's excepthook is the interpreter's own place to report an uncaught
+    exception; installed once, with the manager (:func:`_install_experiment_manager`).
     """
 
     @functools.wraps(hook)
@@ -207,16 +195,27 @@ def _register_algo(utils: ModuleType) -> None:
     register_envs()  # sb3-contrib's masked test envs as --env ids (new ids only)
     for name, spec in settings.ALGORITHMS.items():
         utils.ALGOS.setdefault(name, spec.algorithm_class())
-    _patch_create_test_env(utils)
-    store_dict = utils.StoreDict
-    if getattr(store_dict.__call__, _PATCHED, False):
-        return
-    original_call = store_dict.__call__
+    if not getattr(utils.create_test_env, _PATCHED, False):
+        utils.create_test_env = _masked_test_envs(utils.create_test_env)  # type: ignore[attr-defined]
+    if not getattr(utils.StoreDict.__call__, _PATCHED, False):
+        utils.StoreDict.__call__ = _store_dict_errors(utils.StoreDict.__call__)
 
-    @functools.wraps(original_call)
+
+def _store_dict_errors(call: Any) -> Any:
+    """
+    ``StoreDict.__call__`` (``-params``, ``--env-kwargs``) for which, with our algorithms, a
+    malformed value is an argparse error (usage line, exit status 2) naming the value instead of
+    rl-zoo3's traceback from ``eval``; for any other algorithm the error propagates as before.
+
+    A wrapper of rl-zoo3's method in place, because rl-zoo3 has no seam for it: ``train``,
+    ``enjoy`` and ``record_video`` build their parsers inside their functions, with
+    ``action=StoreDict`` bound at their import.
+    """
+
+    @functools.wraps(call)
     def __call__(self, parser, namespace, values, option_string=None):
         try:
-            return original_call(self, parser, namespace, values, option_string)
+            return call(self, parser, namespace, values, option_string)
         except Exception as error:
             if not is_ours(_command_line_algo(namespace)):
                 raise  # rl-zoo3's own algorithms keep rl-zoo3's behaviour (a traceback)
@@ -227,23 +226,27 @@ def _register_algo(utils: ModuleType) -> None:
             )
 
     setattr(__call__, _PATCHED, True)
-    store_dict.__call__ = __call__
+    return __call__
 
 
-def _patch_create_test_env(utils: ModuleType) -> None:
-    """``enjoy`` / ``record_video`` with a masked algorithm: the test env's observations carry their masks."""
-    original = utils.create_test_env
-    if getattr(original, _PATCHED, False):
-        return
+def _masked_test_envs(create_test_env: Any) -> Any:
+    """
+    ``rl_zoo3.utils.create_test_env`` (``enjoy``, ``record_video``) whose env, for a masked
+    algorithm, is :func:`masked_env`'s: its observations carry their masks to ``predict``.
 
-    @functools.wraps(original)
-    def create_test_env(env_id, *args, **kwargs):
-        env = original(env_id, *args, **kwargs)
+    A wrapper of the function in place, because rl-zoo3 has no seam for it: ``enjoy`` calls the
+    module function (bound at its import from ``rl_zoo3``, which the hook reaches after
+    ``rl_zoo3.utils`` ran and before ``rl_zoo3/__init__`` binds it), with no manager involved.
+    """
+
+    @functools.wraps(create_test_env)
+    def wrapper(env_id, *args, **kwargs):
+        env = create_test_env(env_id, *args, **kwargs)
         algo = _command_line_algo(None)
         return masked_env(env, algo, env_id, evaluation=True) if is_masked(algo) else env
 
-    setattr(create_test_env, _PATCHED, True)
-    utils.create_test_env = create_test_env  # type: ignore[attr-defined]
+    setattr(wrapper, _PATCHED, True)
+    return wrapper
 
 
 # --- rl_zoo3.hyperparams_opt -----------------------------------------------------------------
@@ -260,216 +263,26 @@ def _register_sampler(hyperparams_opt: ModuleType) -> None:
 # --- rl_zoo3.exp_manager ---------------------------------------------------------------------
 
 
-def _patch_experiment_manager(exp_manager: ModuleType) -> None:
-    manager_class = exp_manager.ExperimentManager
-    if manager_class.__dict__.get(_PATCHED, False):
+def _install_experiment_manager(exp_manager: ModuleType) -> None:
+    """
+    Set ``exp_manager.ExperimentManager`` to :class:`sb3_ppo_ext.zoo_manager.PPOExtExperimentManager`, once.
+
+    A class that carries the :data:`_PATCHED` marker is ours already: nothing changes (a second
+    registration, or the hook and :func:`register` both). When the module holds another class
+    than the one our subclass derives from, ``rl_zoo3.exp_manager`` has run again
+    (``importlib.reload``): ``zoo_manager`` is reloaded, so the new subclass derives from the new class.
+    """
+    if exp_manager.ExperimentManager.__dict__.get(_PATCHED, False):
         return
-    original_init = manager_class.__init__
-    original_setup = manager_class.setup_experiment
-    original_optimization = manager_class.hyperparameters_optimization
-    original_load_trial = manager_class.load_trial
-    original_create_envs = manager_class.create_envs
-    init_signature = inspect.signature(original_init)
+    import importlib
 
-    @functools.wraps(original_init)
-    def __init__(self, *args, **kwargs):
-        bound = init_signature.bind(self, *args, **kwargs)
-        algo = bound.arguments.get("algo")
-        if is_ours(algo) and bound.arguments.get("config") is None and settings.ALGORITHMS[algo].hyperparams is not None:
-            # rl-zoo3 looks for <rl_zoo3 package>/hyperparams/<algo>.yml; ours ship in sb3_ppo_ext.
-            bound.arguments["config"] = str(settings.ALGORITHMS[algo].hyperparams)
-        original_init(*bound.args, **bound.kwargs)
+    from sb3_ppo_ext import zoo_manager
 
-    @functools.wraps(original_setup)
-    def setup_experiment(self):
-        if not is_ours(self.algo):
-            return original_setup(self)
-        log_existed, existed = os.path.exists(self.log_path), os.path.exists(self.save_path)
-        try:
-            if self.optimize_hyperparameters:
-                # Opens the database (and creates Optuna's tables) before any folder is made.
-                self._sb3_ppo_ext_storage = _check_storage(self.storage)
-            return original_setup(self)
-        except BaseException:
-            # A run folder left by a failed run would become the "latest" run that enjoy loads.
-            if not existed:
-                shutil.rmtree(self.save_path, ignore_errors=True)
-            if not log_existed:
-                _remove_empty_folder(self.log_path)
-            raise
-
-    @functools.wraps(original_create_envs)
-    def create_envs(self, n_envs, eval_env=False, no_log=False):
-        env = original_create_envs(self, n_envs, eval_env=eval_env, no_log=no_log)
-        if not is_masked(self.algo):
-            return env
-        return masked_env(env, self.algo, self.env_name.gym_id, evaluation=eval_env)
-
-    @functools.wraps(original_load_trial)
-    def load_trial(self, storage, *args, **kwargs):
-        if is_ours(self.algo):
-            _check_storage(storage)  # --trial-id: a clear error for an unreachable database
-        return original_load_trial(self, storage, *args, **kwargs)
-
-    @functools.wraps(original_optimization)
-    def hyperparameters_optimization(self):
-        if not is_ours(self.algo):
-            return original_optimization(self)
-        try:
-            # Opened by setup_experiment (a direct call opens it here) before any trial runs.
-            storage = getattr(self, "_sb3_ppo_ext_storage", None) or _check_storage(self.storage)
-        except ZooConfigError:
-            _remove_run_without_model(self.save_path)
-            raise
-        try:
-            with _study_storage(self.storage, storage, exp_manager, self.max_total_trials):
-                return original_optimization(self)
-        finally:
-            # setup_experiment made a run folder (monitor files only) that holds no model: left
-            # behind, it would become the "latest" run that enjoy tries to load.
-            _remove_run_without_model(self.save_path)
-
-    manager_class.__init__ = __init__
-    _patch_settings_checks(manager_class)
-    manager_class.setup_experiment = setup_experiment
-    manager_class.hyperparameters_optimization = hyperparameters_optimization
-    manager_class.load_trial = load_trial
-    manager_class.create_envs = create_envs
-    _patch_checkpoints_and_resume(manager_class)
-    setattr(manager_class, _PATCHED, True)
+    if zoo_manager.UPSTREAM is not exp_manager.ExperimentManager:
+        zoo_manager = importlib.reload(zoo_manager)
+    exp_manager.ExperimentManager = zoo_manager.PPOExtExperimentManager  # type: ignore[attr-defined]
     if not getattr(sys.excepthook, _PATCHED, False):
         sys.excepthook = _print_settings_errors(sys.excepthook)
-
-
-def _patch_settings_checks(manager_class: Any) -> None:
-    """The settings owner's checks: before rl-zoo3 reads the settings, and after it has preprocessed them."""
-    original_preprocess = manager_class._preprocess_hyperparams
-    original_read = manager_class.read_hyperparameters
-
-    @functools.wraps(original_preprocess)
-    def _preprocess_hyperparams(self, hyperparams):
-        if not is_ours(self.algo):
-            return original_preprocess(self, hyperparams)
-        # rl-zoo3 turns clip_range / clip_range_vf into schedules and rejects None, which for
-        # PPOExt means "off" (clip_range: null is the KL-penalty-only objective): keep them aside.
-        switched_off = {
-            key: None for key in ("clip_range", "clip_range_vf") if key in hyperparams and hyperparams[key] is None
-        }
-        hyperparams, *rest = original_preprocess(self, {k: v for k, v in hyperparams.items() if k not in switched_off})
-        hyperparams = check_hyperparams(
-            {**hyperparams, **switched_off}, f"{self.config} (env {self.env_name.gym_id})", self.algo
-        )
-        return (hyperparams, *rest)
-
-    @functools.wraps(original_read)
-    def read_hyperparameters(self):
-        if not is_ours(self.algo):
-            return original_read(self)
-        # Checked before rl-zoo3 merges -params, parses schedules or evaluates strings.
-        source = _check_settings_before_zoo(self)
-        hyperparams, saved_hyperparams = original_read(self)
-        if not isinstance(hyperparams, dict):  # an entry of a .py conf file
-            raise ZooConfigError(f"invalid {self.algo} hyperparameters in {source}: expected a mapping of settings")
-        # The merged settings (file, trial, -params) as a whole: the rules that tie parameters together.
-        problems = settings.entry_problems(hyperparams, self.algo)
-        if "n_timesteps" not in hyperparams:
-            if self.n_timesteps <= 0:  # rl-zoo3 would end in KeyError: 'n_timesteps'
-                problems.append("'n_timesteps' is missing: give the entry a training budget (n_timesteps: 1.0e5) or pass -n")
-            else:  # -n gives the budget; rl-zoo3 still reads (and deletes) the key
-                hyperparams = {**hyperparams, "n_timesteps": self.n_timesteps}
-        if problems:
-            raise ZooConfigError(f"invalid {self.algo} hyperparameters in {source}: {'; '.join(problems)}")
-        return hyperparams, saved_hyperparams
-
-    manager_class._preprocess_hyperparams = _preprocess_hyperparams
-    manager_class.read_hyperparameters = read_hyperparameters
-
-
-def _patch_checkpoints_and_resume(manager_class: Any) -> None:
-    """``--save-freq``: atomic checkpoints with VecNormalize statistics; ``-i <checkpoint>``: resume from them."""
-    original_create_callbacks = manager_class.create_callbacks
-    original_maybe_normalize = manager_class._maybe_normalize
-    original_load_pretrained = manager_class._load_pretrained_agent
-    original_learn = manager_class.learn
-
-    @functools.wraps(original_create_callbacks)
-    def create_callbacks(self):
-        original_create_callbacks(self)
-        if is_ours(self.algo):
-            self.callbacks = [_atomic_checkpoints(callback) for callback in self.callbacks]
-
-    @functools.wraps(original_maybe_normalize)
-    def _maybe_normalize(self, env, eval_env):
-        stats = _checkpoint_vec_normalize(self.trained_agent) if is_ours(self.algo) else None
-        if stats is None:
-            return original_maybe_normalize(self, env, eval_env)
-        from stable_baselines3.common.vec_env import VecNormalize
-
-        print(f"Loading the checkpoint's VecNormalize stats {stats}")
-        env = VecNormalize.load(stats, env)
-        if eval_env:
-            env.training, env.norm_reward = False, False
-        return env
-
-    @functools.wraps(original_load_pretrained)
-    def _load_pretrained_agent(self, hyperparams, env):
-        if is_ours(self.algo) and any(type(c).__name__ == "KLAdaptiveLR" for c in self.callbacks):
-            # The rate is state, like beta: KLAdaptiveLR adapted it and the checkpoint holds it.
-            hyperparams = {k: v for k, v in hyperparams.items() if k != "learning_rate"}
-        return original_load_pretrained(self, hyperparams, env)
-
-    @functools.wraps(original_learn)
-    def learn(self, model):
-        if not is_ours(self.algo) or not self.continue_training:
-            return original_learn(self, model)
-        # -i continues the run: the timestep count (and the checkpoint names) go on from the checkpoint's.
-        return original_learn(self, _ContinuingModel(model))
-
-    manager_class.create_callbacks = create_callbacks
-    manager_class._maybe_normalize = _maybe_normalize
-    manager_class._load_pretrained_agent = _load_pretrained_agent
-    manager_class.learn = learn
-
-
-class _ContinuingModel:
-    """The model as rl-zoo3's ``learn`` sees it on ``-i``: ``learn`` keeps the step count (nothing is set on the model)."""
-
-    def __init__(self, model: Any):
-        self._model = model
-
-    def learn(self, *args: Any, **kwargs: Any) -> Any:
-        return self._model.learn(*args, reset_num_timesteps=False, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._model, name)
-
-
-def _atomic_checkpoints(callback: Any) -> Any:
-    """rl-zoo3's ``CheckpointCallback`` (``--save-freq``) as an :class:`AtomicCheckpointCallback` saving VecNormalize too."""
-    from stable_baselines3.common.callbacks import CheckpointCallback
-
-    from sb3_ppo_ext.reliability import AtomicCheckpointCallback
-
-    if type(callback) is not CheckpointCallback:
-        return callback
-    return AtomicCheckpointCallback(
-        callback.save_freq,
-        callback.save_path,
-        name_prefix=callback.name_prefix,
-        save_vecnormalize=True,
-        verbose=callback.verbose,
-    )
-
-
-def _checkpoint_vec_normalize(trained_agent: str) -> str | None:
-    """The ``VecNormalize`` statistics saved with the checkpoint ``<prefix>_<N>_steps.zip``, if any."""
-    import re
-
-    match = re.fullmatch(r"(.*)_(\d+)_steps\.zip", os.path.basename(trained_agent or ""))
-    if match is None:
-        return None
-    stats = os.path.join(os.path.dirname(trained_agent), f"{match.group(1)}_vecnormalize_{match.group(2)}_steps.pkl")
-    return stats if os.path.isfile(stats) else None
 
 
 def _check_storage(storage: str | None) -> Any:
@@ -599,22 +412,10 @@ def _study_storage(url: str | None, storage: Any, exp_manager: ModuleType, max_t
         optuna.create_study, exp_manager.MaxTrialsCallback = original, original_callback  # type: ignore[attr-defined]
 
 
-def _remove_empty_folder(path: str) -> None:
-    """Remove the folder ``path`` if it exists and is empty."""
-    with contextlib.suppress(OSError):
-        os.rmdir(path)
-
-
-def _remove_run_without_model(save_path: str) -> None:
-    """Remove a run folder if no model (``*.zip``) was saved in it."""
-    if os.path.isdir(save_path) and not any(name.endswith(".zip") for _, _, files in os.walk(save_path) for name in files):
-        shutil.rmtree(save_path, ignore_errors=True)
-
-
 _REGISTRARS = {
     "rl_zoo3.utils": _register_algo,
     "rl_zoo3.hyperparams_opt": _register_sampler,
-    "rl_zoo3.exp_manager": _patch_experiment_manager,
+    "rl_zoo3.exp_manager": _install_experiment_manager,
 }
 
 

@@ -812,7 +812,6 @@ def _run_locked(spec: RunSpec) -> dict[str, Any]:
     ):
         import rl_zoo3
         import stable_baselines3
-        from rl_zoo3.exp_manager import ExperimentManager
         from stable_baselines3.common.utils import set_random_seed
 
         import sb3_ppo_ext
@@ -820,6 +819,8 @@ def _run_locked(spec: RunSpec) -> dict[str, Any]:
 
         print(f"=== segment on {spec.machine or default_machine()}: {why}", flush=True)
         zoo.register()  # idempotent; the startup hook normally did it already
+        from rl_zoo3.exp_manager import ExperimentManager  # after register(): the package's subclass
+
         zoo_algo, overrides, description = ALGOS[spec.algo]
         if spec.algo in SHIPPED_SETTINGS:
             from sb3_ppo_ext.settings import ALGORITHMS

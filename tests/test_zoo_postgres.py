@@ -94,11 +94,11 @@ def test_zoo_optimize_workers_share_one_study(postgres_url: str, tmp_path: Path)
     assert all("Best trial:" in r.stdout for r in results)
     _check_study(postgres_url, study_name, N_WORKERS * N_TRIALS)
 
-    from rl_zoo3.exp_manager import ExperimentManager
-
     from sb3_ppo_ext import zoo
 
-    zoo.register()
+    zoo.register()  # before the import: the name must be bound to the installed subclass
+    from rl_zoo3.exp_manager import ExperimentManager
+
     manager = ExperimentManager.__new__(ExperimentManager)
     manager.algo = "ppo_ext"
     settings = manager.load_trial(postgres_url, study_name)  # the best trial, converted for the zoo's yml form

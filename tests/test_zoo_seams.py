@@ -253,3 +253,241 @@ def test_startup_hook_install_is_idempotent_and_switchable(monkeypatch: pytest.M
     hook.install()
     assert sum(isinstance(f, hook.ZooImportHook) for f in sys.meta_path) == 1
     assert isinstance(sys.meta_path[0], hook.ZooImportHook)
+
+
+# --- the ExperimentManager subclass (fast tier) ----------------------------------------------------
+
+
+def _manager(algo: str, env_id: str, folder: Path, **kwargs):
+    """rl-zoo3's ExperimentManager as train builds it (after registration: the package's subclass)."""
+    import argparse
+
+    import rl_zoo3.exp_manager
+
+    from sb3_ppo_ext import zoo
+
+    zoo.register()
+    return rl_zoo3.exp_manager.ExperimentManager(argparse.Namespace(), algo, env_id, str(folder), **kwargs)
+
+
+def test_rl_zoo3_binds_the_packages_one_subclass():
+    """``rl_zoo3.exp_manager.ExperimentManager`` and the name train imported are our subclass of rl-zoo3's untouched class."""
+    import rl_zoo3.exp_manager
+    import rl_zoo3.train
+
+    from sb3_ppo_ext import zoo, zoo_manager
+
+    zoo.register()
+    original = zoo_manager.UPSTREAM
+    assert rl_zoo3.exp_manager.ExperimentManager is zoo_manager.PPOExtExperimentManager
+    assert rl_zoo3.train.ExperimentManager is zoo_manager.PPOExtExperimentManager
+    assert issubclass(rl_zoo3.train.ExperimentManager, original)
+    assert zoo_manager.PPOExtExperimentManager.__bases__ == (original,)
+    assert original.__module__ == "rl_zoo3.exp_manager" and original.__name__ == "ExperimentManager"
+    # Nothing is patched onto rl-zoo3's class: every method there is rl-zoo3's own.
+    assert zoo._PATCHED not in vars(original)
+    for name in ("__init__", "read_hyperparameters", "_preprocess_hyperparams", "setup_experiment", "learn", "load_trial"):
+        assert getattr(original, name).__module__ == "rl_zoo3.exp_manager", name
+        assert getattr(original, name).__qualname__ == f"ExperimentManager.{name}", name
+
+
+@pytest.fixture
+def restored_modules():
+    """Put the module dicts of rl_zoo3.exp_manager and sb3_ppo_ext.zoo_manager back after a test reloads them."""
+    import rl_zoo3.exp_manager
+
+    from sb3_ppo_ext import zoo_manager
+
+    saved = {module: dict(vars(module)) for module in (rl_zoo3.exp_manager, zoo_manager)}
+    yield
+    for module, names in saved.items():
+        vars(module).clear()
+        vars(module).update(names)
+
+
+def test_installing_again_or_after_a_reload_stacks_no_subclass(restored_modules):
+    import importlib
+
+    import rl_zoo3.exp_manager
+
+    from sb3_ppo_ext import zoo, zoo_manager
+
+    def ours_in_mro(manager_class: type) -> list[type]:
+        return [c for c in manager_class.__mro__ if vars(c).get(zoo._PATCHED)]
+
+    zoo.register()
+    installed = rl_zoo3.exp_manager.ExperimentManager
+    zoo.register()
+    zoo.on_zoo_module_imported("rl_zoo3.exp_manager", rl_zoo3.exp_manager)
+    assert rl_zoo3.exp_manager.ExperimentManager is installed and ours_in_mro(installed) == [installed]
+
+    # rl_zoo3.exp_manager runs again: the hook (or register) subclasses its new class, once.
+    importlib.reload(rl_zoo3.exp_manager)
+    zoo.on_zoo_module_imported("rl_zoo3.exp_manager", rl_zoo3.exp_manager)
+    reloaded = rl_zoo3.exp_manager.ExperimentManager
+    assert reloaded is not installed and ours_in_mro(reloaded) == [reloaded]
+    assert reloaded.__bases__ == (zoo_manager.UPSTREAM,) and zoo._PATCHED not in vars(zoo_manager.UPSTREAM)
+    assert zoo_manager.UPSTREAM is not installed.__bases__[0]  # rl-zoo3's new class, not the old one
+
+    # Reloading the subclass's module while it is installed derives from rl-zoo3's class again, not from ours.
+    importlib.reload(zoo_manager)
+    assert zoo_manager.PPOExtExperimentManager.__bases__ == (reloaded.__bases__[0],)
+
+
+@pytest.mark.parametrize(
+    ("env_id", "options"),
+    [
+        ("Pendulum-v1", {}),
+        ("Pendulum-v1", {"hyperparams": {"n_steps": 64, "kl_coef": 0.5}, "env_kwargs": {"g": 9.0}}),
+        ("Acrobot-v1", {"hyperparams": {"batch_size": 16}}),  # the 'default' entry
+        ("CartPole-v1", {}),  # no entry, no default
+    ],
+)
+def test_merge_of_the_entries_read_once_is_rl_zoo3s_read(env_id: str, options: dict, tmp_path: Path, capsys):
+    """The subclass merges the entries it read as rl-zoo3's read_hyperparameters does: same settings, prints, errors."""
+    import yaml
+
+    from sb3_ppo_ext import settings, zoo_manager
+
+    conf = tmp_path / "conf.yml"
+    entries = {
+        "Pendulum-v1": {"n_timesteps": 256, "policy": "MlpPolicy", "n_steps": 32, "env_kwargs": {"g": 10.0}},
+        "default": {"n_timesteps": 128, "policy": "MlpPolicy", "batch_size": 8},
+    }
+    conf.write_text(yaml.safe_dump(entries if env_id != "CartPole-v1" else {"Pendulum-v1": entries["Pendulum-v1"]}))
+    ours = _manager("ppo_ext", env_id, tmp_path, config=str(conf), **options)
+    theirs = _manager("ppo_ext", env_id, tmp_path, config=str(conf), **options)
+    capsys.readouterr()
+    results = []
+    merges = (
+        lambda: ours._merge_settings(settings.read_entries(conf)),
+        lambda: zoo_manager.UPSTREAM.read_hyperparameters(theirs),
+    )
+    for merge in merges:
+        try:
+            results.append((merge(), None))
+        except ValueError as error:
+            results.append((None, str(error)))
+        results[-1] += (capsys.readouterr().out,)
+    assert results[0] == results[1]
+    assert ours.eval_env_kwargs == theirs.eval_env_kwargs
+    if env_id == "CartPole-v1":
+        assert "Hyperparameters not found for ppo_ext-CartPole-v1" in results[0][1]
+    else:
+        hyperparams, saved = results[0][0]
+        assert list(saved) == sorted(hyperparams)
+        params = options.get("hyperparams", {})
+        assert {key: hyperparams[key] for key in params} == params  # -params win over the entry
+        if "env_kwargs" in options:
+            assert hyperparams["env_kwargs"] == ours.eval_env_kwargs == {"g": 9.0}
+
+
+def test_each_settings_entry_is_read_and_checked_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """
+    A run of ``--algo ppo_ext`` with ``-params``: the yml file is opened once; the settings owner checks
+    the yml entry once and the -params once (key by key), then the merged settings once as a whole.
+    """
+    import builtins
+
+    from sb3_ppo_ext import settings
+
+    calls: list[tuple[str, bool]] = []
+    whole_checks: list[dict] = []
+    opened: list[str] = []
+    entry_problems, whole_entry_problems, open_file = settings.entry_problems, settings._whole_entry_problems, builtins.open
+
+    def spy_entry_problems(entry, algo="ppo_ext", whole=True):
+        calls.append(("-params" if set(entry) == {"n_envs", "n_steps", "batch_size"} else "entry", whole))
+        return entry_problems(entry, algo, whole)
+
+    def spy_whole(spec, parameters, entry):
+        whole_checks.append(dict(entry))
+        return whole_entry_problems(spec, parameters, entry)
+
+    def spy_open(file, *args, **kwargs):
+        if str(file).endswith(".yml") and "hyperparams" in str(file):
+            opened.append(str(file))
+        return open_file(file, *args, **kwargs)
+
+    manager = _manager(
+        "ppo_ext", "Pendulum-v1", tmp_path, n_timesteps=64, eval_freq=-1, verbose=0, log_interval=-1,
+        hyperparams={"n_envs": 1, "n_steps": 64, "batch_size": 32},
+    )  # fmt: skip
+    monkeypatch.setattr(settings, "entry_problems", spy_entry_problems)
+    monkeypatch.setattr(settings, "_whole_entry_problems", spy_whole)
+    monkeypatch.setattr(builtins, "open", spy_open)
+    model, _ = manager.setup_experiment()
+    monkeypatch.undo()
+    assert opened == [str(settings.PPO_EXT_YML)]
+    assert calls == [("entry", False), ("-params", False), ("entry", True)]
+    assert len(whole_checks) == 1 and whole_checks[0]["n_steps"] == 64 and whole_checks[0]["gamma"] == 0.9
+    assert (model.n_steps, model.batch_size, model.gamma) == (64, 32, 0.9)
+    manager.learn(model)
+    assert model.num_timesteps == 64
+
+
+def test_rl_zoo3_algorithms_get_rl_zoo3s_settings_and_envs(tmp_path: Path, capsys):
+    """For ``--algo ppo`` the subclass's __init__, read_hyperparameters and create_envs give what rl-zoo3's class gives."""
+    import argparse
+
+    from sb3_ppo_ext import zoo_manager
+
+    options = {"hyperparams": {"n_steps": 64}, "env_kwargs": {"render_mode": None}, "verbose": 0}
+    ours = _manager("ppo", "CartPole-v1", tmp_path, **options)
+    theirs = zoo_manager.UPSTREAM(argparse.Namespace(), "ppo", "CartPole-v1", str(tmp_path), **options)
+    assert type(ours) is zoo_manager.PPOExtExperimentManager
+    assert ours.config == theirs.config and Path(ours.config).parent.parent.name == "rl_zoo3"  # rl-zoo3's own ppo.yml
+    capsys.readouterr()
+    read = [manager.read_hyperparameters() for manager in (ours, theirs)]
+    printed = capsys.readouterr().out
+    assert read[0] == read[1] and printed.count("Loading hyperparameters from") == 2
+    envs = [manager.create_envs(1, eval_env=True) for manager in (ours, theirs)]
+    assert [type(env) for env in envs[0].envs] == [type(env) for env in envs[1].envs]
+    assert type(envs[0]) is type(envs[1])
+
+
+def test_unreachable_storage_fails_before_any_folder_for_ours(tmp_path: Path):
+    """``-optimize`` / ``--trial-id`` of ppo_ext on an unreachable database: a ZooConfigError, and no run folder."""
+    from sb3_ppo_ext import zoo
+
+    url = f"sqlite:///{tmp_path / 'missing' / 'study.db'}"
+    manager = _manager("ppo_ext", "Pendulum-v1", tmp_path / "logs", optimize_hyperparameters=True, storage=url, study_name="s")
+    for call in (manager.setup_experiment, manager.hyperparameters_optimization, lambda: manager.load_trial(url, "s", 1)):
+        with pytest.raises(zoo.ZooConfigError, match=r"cannot open Optuna storage sqlite:///.*unable to open database file"):
+            call()
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "missing").exists()
+
+
+@pytest.mark.integration  # a fresh interpreter with the startup hook
+def test_the_hook_installs_the_subclass_before_train_binds_it(tmp_path: Path):
+    probe = (
+        "import rl_zoo3.train as t, rl_zoo3.exp_manager as m; from sb3_ppo_ext import zoo_manager as z; "
+        "print(t.ExperimentManager is m.ExperimentManager is z.PPOExtExperimentManager, z.UPSTREAM.__module__, "
+        "z.PPOExtExperimentManager.__bases__ == (z.UPSTREAM,))"
+    )
+    assert _run([sys.executable, "-c", probe], tmp_path, hook=True).stdout.strip() == "True rl_zoo3.exp_manager True"
+    plain = "import rl_zoo3.train as t, sys; print(t.ExperimentManager.__module__, 'sb3_ppo_ext.zoo_manager' in sys.modules)"
+    assert _run([sys.executable, "-c", plain], tmp_path, hook=False).stdout.strip() == "rl_zoo3.exp_manager False"
+
+
+def test_policy_kwargs_of_a_policy_named_by_path_are_checked_once_rl_zoo3_imported_it(tmp_path: Path):
+    """A dotted ``policy`` is a class only after rl-zoo3's preprocessing: its ``policy_kwargs`` are checked then."""
+    import yaml
+    from torch import nn
+
+    from sb3_ppo_ext import zoo
+
+    policy = "sb3_ppo_ext.policies.PPOExtActorCriticPolicy"
+    conf = tmp_path / "conf.yml"
+    entry = {"n_timesteps": 64, "policy": policy, "n_steps": 64, "batch_size": 32, "policy_kwargs": {"net_arc": [8]}}
+    conf.write_text(yaml.safe_dump({"Pendulum-v1": entry}))
+    manager = _manager("ppo_ext", "Pendulum-v1", tmp_path / "logs", config=str(conf), verbose=0)
+    hyperparams, _ = manager.read_hyperparameters()  # the names of a class given by path are unknown here
+    with pytest.raises(zoo.ZooConfigError, match=r"conf\.yml \(env Pendulum-v1\), policy_kwargs: unknown key 'net_arc'"):
+        manager._preprocess_hyperparams(hyperparams)
+    entry["policy_kwargs"] = {"net_arch": [8], "activation_fn": "tanh"}
+    conf.write_text(yaml.safe_dump({"Pendulum-v1": entry}))
+    hyperparams, _ = _manager("ppo_ext", "Pendulum-v1", tmp_path / "logs", config=str(conf), verbose=0).read_hyperparameters()
+    processed, *_ = manager._preprocess_hyperparams(hyperparams)
+    assert processed["policy"].__name__ == "PPOExtActorCriticPolicy"
+    assert processed["policy_kwargs"]["activation_fn"] is nn.Tanh
