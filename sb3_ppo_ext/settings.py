@@ -83,10 +83,6 @@ class AlgorithmSpec:
     check_arguments: Callable[..., None] | None = check_arguments
     masked: bool = False
 
-    def algorithm_class(self) -> type:
-        """The algorithm class."""
-        return self.algorithm
-
 
 # This package's algorithms, by rl-zoo3 name. Registering another one (same settings checks, same
 # rl-zoo3 seams) is one entry here.
@@ -355,7 +351,7 @@ def algorithm_parameters(algorithm: type) -> dict[str, Any]:
 
 def algorithm_defaults(algo: str = DEFAULT_ALGO) -> dict[str, Any]:
     """The default value of each parameter of the algorithm ``algo`` (from its signature; none for ``policy``)."""
-    parameters = algorithm_parameters(algorithm_spec(algo).algorithm_class())
+    parameters = algorithm_parameters(algorithm_spec(algo).algorithm)
     return {name: default for name, default in parameters.items() if default is not inspect.Parameter.empty}
 
 
@@ -372,7 +368,7 @@ def entry_problems(entry: Any, algo: str = DEFAULT_ALGO, whole: bool = True) -> 
     """
     if not isinstance(entry, Mapping):
         return [f"expected a mapping of settings, got {type(entry).__name__} {entry!r:.80}"]
-    algorithm = algorithm_spec(algo).algorithm_class()
+    algorithm = algorithm_spec(algo).algorithm
     parameters = algorithm_parameters(algorithm)
     allowed = sorted({*parameters, *ZOO_KEY_CHECKS})
     problems = []

@@ -56,64 +56,28 @@ and is imported only once ``rl_zoo3.exp_manager`` has run).
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
 import sys
-from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
 from sb3_ppo_ext import settings
 from sb3_ppo_ext.settings import SettingsError
-
-ALGO_NAME = "ppo_ext"
-# The rl-zoo3 algorithm names of this package: the table of sb3_ppo_ext.settings.ALGORITHMS (register
-# an algorithm there). Every seam below acts only when rl-zoo3 runs one of them; rl-zoo3's own
-# algorithms are left as they are.
-OUR_ALGOS = frozenset(settings.ALGORITHMS)
-# Keyword arguments that rl-zoo3 passes to the algorithm itself: a yml entry may not set them.
-ZOO_RESERVED_KWARGS = settings.RESERVED_KEYS - {"_init_setup_model"}
-# Marks what registration installed (the ExperimentManager subclass, each wrapper): registering twice changes nothing.
-_PATCHED = "_sb3_ppo_ext_patched"
-
-
-class ZooConfigError(SettingsError):
-    """A setting of one of our algorithms on the rl-zoo3 route is invalid, or its Optuna storage cannot be opened."""
-
-
-def ppo_ext_parameters(algo: str = ALGO_NAME) -> list[str]:
-    """Names of the keyword arguments a yml entry may give to the algorithm (``policy`` included)."""
-    return sorted(settings.algorithm_parameters(settings.algorithm_spec(algo).algorithm_class()))
-
-
-def check_hyperparams(hyperparams: dict[str, Any], source: str, algo: str = ALGO_NAME) -> dict[str, Any]:
-    """
-    Check the settings rl-zoo3 is about to pass to the algorithm (:func:`sb3_ppo_ext.settings.entry_problems`)
-    and resolve activation names.
-
-    :param hyperparams: the settings left after rl-zoo3's preprocessing
-    :param source: where they come from (file, env id), for the message
-    :param algo: the algorithm's rl-zoo3 name
-    :return: the settings, with ``policy_kwargs["activation_fn"]`` a torch class (a new dict if changed)
-    :raises ZooConfigError: naming the source and each problem (unknown names with close matches)
-    """
-    problems = settings.entry_problems(hyperparams, algo)
-    if problems:
-        raise ZooConfigError(f"invalid {algo} hyperparameters from {source}: {'; '.join(problems)}")
-    return resolve_activation(hyperparams)
-
-
-def resolve_activation(hyperparams: dict[str, Any]) -> dict[str, Any]:
-    """
-    The settings with an activation name in ``policy_kwargs`` (``activation_fn: tanh``) made the
-    torch class (:func:`sb3_ppo_ext.settings.activation_class`), without ``eval``; a new dict if changed.
-    """
-    policy_kwargs = hyperparams.get("policy_kwargs")
-    if isinstance(policy_kwargs, dict) and isinstance(policy_kwargs.get("activation_fn"), str):
-        activation = settings.activation_class(policy_kwargs["activation_fn"])
-        hyperparams = {**hyperparams, "policy_kwargs": {**policy_kwargs, "activation_fn": activation}}
-    return hyperparams
+from sb3_ppo_ext.zoo_support import (  # re-exported: the names rl-zoo3 users reach through sb3_ppo_ext.zoo
+    _PATCHED,
+    ALGO_NAME,
+    OUR_ALGOS,
+    ZOO_RESERVED_KWARGS,
+    TrialBudgetCallback,
+    ZooConfigError,
+    check_hyperparams,
+    count_trials_against_budget,
+    is_masked,
+    is_ours,
+    masked_env,
+    ppo_ext_parameters,
+    resolve_activation,
+)
 
 
 def _print_settings_errors(hook: Any) -> Any:
@@ -140,11 +104,6 @@ def _print_settings_errors(hook: Any) -> Any:
 # --- rl_zoo3.utils ---------------------------------------------------------------------------
 
 
-def is_ours(algo: str | None) -> bool:
-    """Whether the rl-zoo3 algorithm name ``algo`` is one of this package's (:data:`OUR_ALGOS`)."""
-    return algo in OUR_ALGOS
-
-
 def _command_line_algo(namespace: Any) -> str | None:
     """
     The ``--algo`` of the command line being parsed, wherever it stands among the arguments.
@@ -163,38 +122,12 @@ def _command_line_algo(namespace: Any) -> str | None:
     return algo if algo is not None else getattr(namespace, "algo", None)
 
 
-def is_masked(algo: str | None) -> bool:
-    """Whether ``algo`` is one of this package's algorithms that need action masks (``ppo_mask_ext``)."""
-    return is_ours(algo) and settings.ALGORITHMS[algo].masked  # type: ignore[index]
-
-
-def masked_env(env: Any, algo: str, env_id: str, evaluation: bool) -> Any:
-    """
-    The VecEnv a masked algorithm trains or is evaluated on: ``env`` itself for training (the
-    algorithm reads the masks while collecting), and :class:`sb3_ppo_ext.envs.MaskedObservations`
-    around it for evaluation and ``enjoy``, whose loops call ``predict(obs)`` without masks.
-
-    :raises ZooConfigError: when the env provides no ``action_masks()``
-    """
-    from sb3_contrib.common.maskable.utils import is_masking_supported
-
-    from sb3_ppo_ext.envs import MaskedObservations
-
-    if not is_masking_supported(env):
-        raise ZooConfigError(
-            f"--algo {algo} needs action masks, but the env {env_id} provides no action_masks(): give it a wrapper that "
-            "does in the entry's env_wrapper (sb3_ppo_ext.envs.ActionMaskFromInfo for an env that reports its mask in "
-            "info['action_mask'], as Taxi-v4 does; sb3_contrib.common.wrappers.ActionMasker for a mask function)"
-        )
-    return MaskedObservations(env) if evaluation else env
-
-
 def _register_algo(utils: ModuleType) -> None:
     from sb3_ppo_ext.envs import register_envs
 
     register_envs()  # sb3-contrib's masked test envs as --env ids (new ids only)
     for name, spec in settings.ALGORITHMS.items():
-        utils.ALGOS.setdefault(name, spec.algorithm_class())
+        utils.ALGOS.setdefault(name, spec.algorithm)
     if not getattr(utils.create_test_env, _PATCHED, False):
         utils.create_test_env = _masked_test_envs(utils.create_test_env)  # type: ignore[attr-defined]
     if not getattr(utils.StoreDict.__call__, _PATCHED, False):
@@ -285,133 +218,6 @@ def _install_experiment_manager(exp_manager: ModuleType) -> None:
         sys.excepthook = _print_settings_errors(sys.excepthook)
 
 
-def _check_storage(storage: str | None) -> Any:
-    """
-    Open an RDB storage URL through :func:`sb3_ppo_ext.storage.make_storage`; ZooConfigError if it fails.
-
-    The storage has Optuna's heartbeat (dead-worker detection and retry); ``SB3_PPO_EXT_HEARTBEAT_INTERVAL``
-    and ``SB3_PPO_EXT_GRACE_PERIOD`` (seconds) set its interval and grace period, as rl-zoo3 has no
-    option for them.
-
-    :return: the storage object, or None for no storage or a journal file
-    """
-    if storage is None or storage.endswith(".log"):
-        return None
-    from sb3_ppo_ext.storage import HEARTBEAT_INTERVAL, StorageError, make_storage
-
-    try:
-        interval = int(os.environ.get("SB3_PPO_EXT_HEARTBEAT_INTERVAL", HEARTBEAT_INTERVAL))
-        grace = os.environ.get("SB3_PPO_EXT_GRACE_PERIOD")
-        return make_storage(storage, heartbeat_interval=interval, grace_period=None if grace is None else int(grace))
-    except (StorageError, ValueError) as error:
-        raise ZooConfigError(str(error)) from None
-
-
-def count_trials_against_budget(study: Any, n_trials: int, states: Any, poll_seconds: float) -> int:
-    """
-    The trials of ``study`` in ``states`` (rl-zoo3's ``--max-total-trials`` count: COMPLETE,
-    RUNNING and PRUNED), counted once no dead worker's trial is among them.
-
-    Stale trials (no heartbeat for the grace period) are failed first
-    (``optuna.storages.fail_stale_trials``, which re-queues them through the storage's retry
-    callback). While the count reaches ``n_trials`` only thanks to RUNNING trials, their workers
-    may have died since their last heartbeat: wait, checking every ``poll_seconds``, until each has
-    finished or gone stale (failed, and its copy queued for the next trial), so that the study
-    ends with ``n_trials`` finished trials and none left RUNNING.
-
-    :param study: the study, on a storage with heartbeats
-    :param n_trials: the budget (``--max-total-trials``)
-    :param states: the trial states that count against it
-    :param poll_seconds: seconds between two checks (the heartbeat interval)
-    :return: the count; below ``n_trials`` when trials remain to be run
-    """
-    import time
-    import warnings
-
-    import optuna
-
-    announced = False
-    while True:
-        with warnings.catch_warnings():  # fail_stale_trials is marked experimental
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            optuna.storages.fail_stale_trials(study)
-        counted = study.get_trials(deepcopy=False, states=tuple(states))
-        running = [trial.number for trial in counted if trial.state == optuna.trial.TrialState.RUNNING]
-        if len(counted) < n_trials or not running:
-            return len(counted)
-        if not announced:
-            print(
-                f"{len(counted) - len(running)} of {n_trials} trials finished: waiting for the running trial(s) "
-                f"{running} to finish, or to be failed and retried if their worker died"
-            )
-            announced = True
-        time.sleep(poll_seconds)
-
-
-class TrialBudgetCallback:
-    """
-    rl-zoo3's ``MaxTrialsCallback`` (``--max-total-trials``) for a storage with heartbeats: after each
-    trial it stops the study once :func:`count_trials_against_budget` reaches ``n_trials``, i.e.
-    once ``n_trials`` trials have finished, never with a dead worker's trial still counted.
-
-    :param poll_seconds: seconds between two checks while other trials run (the heartbeat interval)
-    :param n_trials: the budget
-    :param states: the trial states that count against it (rl-zoo3: COMPLETE, RUNNING, PRUNED)
-    """
-
-    def __init__(self, poll_seconds: float, n_trials: int, states: Any = None):
-        import optuna
-
-        self.poll_seconds = poll_seconds
-        self.n_trials = n_trials
-        self.states = (optuna.trial.TrialState.COMPLETE,) if states is None else tuple(states)
-
-    def __call__(self, study: Any, trial: Any) -> None:
-        if count_trials_against_budget(study, self.n_trials, self.states, self.poll_seconds) >= self.n_trials:
-            study.stop()
-
-
-@contextlib.contextmanager
-def _study_storage(url: str | None, storage: Any, exp_manager: ModuleType, max_total_trials: int | None) -> Iterator[None]:
-    """
-    While rl-zoo3 runs ``-optimize``, have its ``optuna.create_study(storage=url)`` use ``storage`` instead.
-
-    rl-zoo3 builds the study from the URL string, which gives an RDB storage without heartbeats;
-    the object from :func:`_check_storage` has them, so a dead worker's trial is failed and retried.
-    With ``--max-total-trials``, rl-zoo3 counts RUNNING trials against the budget, a dead worker's
-    included, before the study and after each trial: on a storage with heartbeats, the study is
-    handed over only once that count holds no dead trial (:func:`count_trials_against_budget`),
-    and rl-zoo3's ``MaxTrialsCallback`` is a :class:`TrialBudgetCallback`, so the study runs
-    until ``--max-total-trials`` trials have finished.
-    """
-    if storage is None:
-        yield
-        return
-    import optuna
-
-    original, original_callback = optuna.create_study, exp_manager.MaxTrialsCallback
-    interval = storage.get_heartbeat_interval() if callable(getattr(storage, "get_heartbeat_interval", None)) else None
-
-    @functools.wraps(original)
-    def create_study(*args, **kwargs):
-        if kwargs.get("storage") == url:
-            kwargs["storage"] = storage
-        study = original(*args, **kwargs)
-        if kwargs.get("storage") is storage and interval and max_total_trials is not None:
-            states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.PRUNED)
-            with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends the wait; rl-zoo3 then reports the study
-                count_trials_against_budget(study, max_total_trials, states, interval)
-        return study
-
-    optuna.create_study = create_study
-    if interval:
-        exp_manager.MaxTrialsCallback = functools.partial(TrialBudgetCallback, interval)  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        optuna.create_study, exp_manager.MaxTrialsCallback = original, original_callback  # type: ignore[attr-defined]
-
-
 _REGISTRARS = {
     "rl_zoo3.utils": _register_algo,
     "rl_zoo3.hyperparams_opt": _register_sampler,
@@ -469,3 +275,23 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+__all__ = [
+    "ALGO_NAME",
+    "COMMANDS",
+    "OUR_ALGOS",
+    "ZOO_RESERVED_KWARGS",
+    "TrialBudgetCallback",
+    "ZooConfigError",
+    "check_hyperparams",
+    "count_trials_against_budget",
+    "is_masked",
+    "is_ours",
+    "main",
+    "masked_env",
+    "on_zoo_module_imported",
+    "ppo_ext_parameters",
+    "register",
+    "resolve_activation",
+]

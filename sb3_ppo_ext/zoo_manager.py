@@ -11,7 +11,7 @@ runs ``from rl_zoo3.exp_manager import ExperimentManager``, so those bind the su
 own class stays as it was (nothing is patched onto it); it is :data:`UPSTREAM`, the only base.
 
 Every override calls rl-zoo3's method through ``super()``; for an algorithm that is not one of
-this package's (:func:`sb3_ppo_ext.zoo.is_ours` is false: ``ppo``, ``a2c``, ``sac``, ...) it does
+this package's (:func:`sb3_ppo_ext.zoo_support.is_ours` is false: ``ppo``, ``a2c``, ``sac``, ...) it does
 nothing else and passes the arguments on as given, so rl-zoo3's own algorithms run exactly as
 without this package. The one exception is :meth:`PPOExtExperimentManager.read_hyperparameters`
 for our algorithms with a yml ``--conf-file``: the settings owner reads the file once
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from rl_zoo3 import exp_manager as _exp_manager
 
-from sb3_ppo_ext import settings, zoo
+from sb3_ppo_ext import settings, zoo_support
 
 if TYPE_CHECKING:
     from rl_zoo3.exp_manager import ExperimentManager as UPSTREAM
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 def _upstream(manager_class: type) -> type:
     """rl-zoo3's own class under ``manager_class``: the first base that is not one of ours."""
-    while manager_class.__dict__.get(zoo._PATCHED, False):
+    while manager_class.__dict__.get(zoo_support._PATCHED, False):
         manager_class = manager_class.__bases__[0]
     return manager_class
 
@@ -62,9 +62,9 @@ _INIT_SIGNATURE = inspect.signature(UPSTREAM.__init__)
 
 
 def _raise_problems(problems: list[str], algo: str, source: str) -> None:
-    """A :class:`~sb3_ppo_ext.zoo.ZooConfigError` naming ``source`` and each problem, if there is one."""
+    """A :class:`~sb3_ppo_ext.zoo_support.ZooConfigError` naming ``source`` and each problem, if there is one."""
     if problems:
-        raise zoo.ZooConfigError(f"invalid {algo} hyperparameters in {source}: {'; '.join(problems)}")
+        raise zoo_support.ZooConfigError(f"invalid {algo} hyperparameters in {source}: {'; '.join(problems)}")
 
 
 class PPOExtExperimentManager(UPSTREAM):
@@ -99,7 +99,7 @@ class PPOExtExperimentManager(UPSTREAM):
         parameters together. A yml file is read once (:func:`sb3_ppo_ext.settings.read_entries`);
         a ``.py`` file or a module is rl-zoo3's to execute (``super()``).
         """
-        if not zoo.is_ours(self.algo):
+        if not zoo_support.is_ours(self.algo):
             return super().read_hyperparameters()
         algo, config = self.algo, str(self.config)
         entries, source = None, config
@@ -114,7 +114,7 @@ class PPOExtExperimentManager(UPSTREAM):
             source += " with -params"
         hyperparams, saved_hyperparams = super().read_hyperparameters() if entries is None else self._merge_settings(entries)
         if not isinstance(hyperparams, dict):  # an entry of a .py conf file
-            raise zoo.ZooConfigError(f"invalid {algo} hyperparameters in {source}: expected a mapping of settings")
+            raise zoo_support.ZooConfigError(f"invalid {algo} hyperparameters in {source}: expected a mapping of settings")
         problems = settings.entry_problems(hyperparams, algo)
         if "n_timesteps" not in hyperparams:
             if self.n_timesteps <= 0:  # rl-zoo3 would end in KeyError: 'n_timesteps'
@@ -162,7 +162,7 @@ class PPOExtExperimentManager(UPSTREAM):
         pass through, activation names become torch classes, and what rl-zoo3 only now made
         checkable (a ``policy_kwargs`` string it evaluated, a policy class it imported by name) is checked.
         """
-        if not zoo.is_ours(self.algo):
+        if not zoo_support.is_ours(self.algo):
             return super()._preprocess_hyperparams(hyperparams)
         # rl-zoo3 turns clip_range / clip_range_vf into schedules and rejects None, which for
         # PPOExt means "off" (clip_range: null is the KL-penalty-only objective): keep them aside.
@@ -176,7 +176,7 @@ class PPOExtExperimentManager(UPSTREAM):
             source = f"{self.config} (env {self.env_name.gym_id})"
             part = {key: processed[key] for key in ("policy", "policy_kwargs") if key in processed}
             _raise_problems(settings.entry_problems(part, self.algo, whole=False), self.algo, f"{source}, policy_kwargs")
-        return (zoo.resolve_activation({**processed, **switched_off}), *rest)
+        return (zoo_support.resolve_activation({**processed, **switched_off}), *rest)
 
     # --- the run folder and the Optuna storage ----------------------------------------------
 
@@ -187,13 +187,13 @@ class PPOExtExperimentManager(UPSTREAM):
         failed run is removed (it would become the "latest" run that ``enjoy`` loads), as is an
         empty ``<log-folder>/<algo>``.
         """
-        if not zoo.is_ours(self.algo):
+        if not zoo_support.is_ours(self.algo):
             return super().setup_experiment()
         log_existed, existed = os.path.exists(self.log_path), os.path.exists(self.save_path)
         try:
             if self.optimize_hyperparameters:
                 # Opens the database (and creates Optuna's tables) before any folder is made.
-                self._sb3_ppo_ext_storage = zoo._check_storage(self.storage)
+                self._sb3_ppo_ext_storage = zoo_support._check_storage(self.storage)
             return super().setup_experiment()
         except BaseException:
             if not existed:
@@ -204,28 +204,28 @@ class PPOExtExperimentManager(UPSTREAM):
 
     def load_trial(self, storage: str, study_name: str, trial_id: int | None = None, convert: bool = True) -> dict[str, Any]:
         """rl-zoo3's ``load_trial`` (``--trial-id``); for our algorithms an unreachable database is a clear error first."""
-        if zoo.is_ours(self.algo):
-            zoo._check_storage(storage)
+        if zoo_support.is_ours(self.algo):
+            zoo_support._check_storage(storage)
         return super().load_trial(storage, study_name, trial_id, convert)
 
     def hyperparameters_optimization(self) -> None:
         """
         rl-zoo3's ``-optimize``; for our algorithms on the storage from
-        :func:`sb3_ppo_ext.zoo._check_storage` (Optuna's heartbeat), with ``--max-total-trials``
-        counted by :class:`~sb3_ppo_ext.zoo.TrialBudgetCallback`; a run folder without a model is
+        :func:`sb3_ppo_ext.zoo_support._check_storage` (Optuna's heartbeat), with ``--max-total-trials``
+        counted by :class:`~sb3_ppo_ext.zoo_support.TrialBudgetCallback`; a run folder without a model is
         removed afterwards.
         """
-        if not zoo.is_ours(self.algo):
+        if not zoo_support.is_ours(self.algo):
             super().hyperparameters_optimization()
             return
         try:
             # Opened by setup_experiment (a direct call opens it here) before any trial runs.
-            storage = getattr(self, "_sb3_ppo_ext_storage", None) or zoo._check_storage(self.storage)
-        except zoo.ZooConfigError:
+            storage = getattr(self, "_sb3_ppo_ext_storage", None) or zoo_support._check_storage(self.storage)
+        except zoo_support.ZooConfigError:
             _remove_run_without_model(self.save_path)
             raise
         try:
-            with zoo._study_storage(self.storage, storage, _exp_manager, self.max_total_trials):
+            with zoo_support._study_storage(self.storage, storage, _exp_manager, self.max_total_trials):
                 super().hyperparameters_optimization()
         finally:
             # setup_experiment made a run folder (monitor files only) that holds no model: left
@@ -237,19 +237,19 @@ class PPOExtExperimentManager(UPSTREAM):
     def create_envs(self, n_envs: int, eval_env: bool = False, no_log: bool = False) -> VecEnv:
         """rl-zoo3's envs; for a masked algorithm checked for ``action_masks()``, evaluation envs carrying them."""
         env = super().create_envs(n_envs, eval_env=eval_env, no_log=no_log)
-        if not zoo.is_masked(self.algo):
+        if not zoo_support.is_masked(self.algo):
             return env
-        return zoo.masked_env(env, self.algo, self.env_name.gym_id, evaluation=eval_env)
+        return zoo_support.masked_env(env, self.algo, self.env_name.gym_id, evaluation=eval_env)
 
     def create_callbacks(self) -> None:
         """rl-zoo3's callbacks; for our algorithms its ``--save-freq`` checkpoints are atomic and save VecNormalize too."""
         super().create_callbacks()
-        if zoo.is_ours(self.algo):
+        if zoo_support.is_ours(self.algo):
             self.callbacks = [_atomic_checkpoints(callback) for callback in self.callbacks]
 
     def _maybe_normalize(self, env: VecEnv, eval_env: bool) -> VecEnv:
         """rl-zoo3's VecNormalize; for ``-i <checkpoint>`` of our algorithms, the statistics saved with the checkpoint."""
-        stats = _checkpoint_vec_normalize(self.trained_agent) if zoo.is_ours(self.algo) else None
+        stats = _checkpoint_vec_normalize(self.trained_agent) if zoo_support.is_ours(self.algo) else None
         if stats is None:
             return super()._maybe_normalize(env, eval_env)
         from stable_baselines3.common.vec_env import VecNormalize
@@ -262,7 +262,7 @@ class PPOExtExperimentManager(UPSTREAM):
 
     def _load_pretrained_agent(self, hyperparams: dict[str, Any], env: VecEnv) -> BaseAlgorithm:
         """rl-zoo3's ``-i``; with a :class:`~sb3_ppo_ext.callbacks.KLAdaptiveLR`, the learning rate is the checkpoint's."""
-        if zoo.is_ours(self.algo):
+        if zoo_support.is_ours(self.algo):
             from sb3_ppo_ext.callbacks import KLAdaptiveLR
 
             if any(isinstance(callback, KLAdaptiveLR) for callback in self.callbacks):
@@ -272,7 +272,7 @@ class PPOExtExperimentManager(UPSTREAM):
 
     def learn(self, model: BaseAlgorithm) -> None:
         """rl-zoo3's ``learn``; ``-i`` of our algorithms continues the timestep count (and the checkpoint names)."""
-        if zoo.is_ours(self.algo) and self.continue_training:
+        if zoo_support.is_ours(self.algo) and self.continue_training:
             model = cast("BaseAlgorithm", _ContinuingModel(model))
         super().learn(model)
 

@@ -195,7 +195,7 @@ def test_zoo_budget_count_fails_a_dead_workers_trial_before_rl_zoo3_counts(tmp_p
     """The count rl-zoo3 makes before starting: a RUNNING trial whose heartbeat stopped is failed and re-queued first."""
     from rl_zoo3 import exp_manager
 
-    from sb3_ppo_ext import zoo
+    from sb3_ppo_ext import zoo, zoo_support
 
     url = f"sqlite:///{tmp_path / 'study.db'}"
     storage = make_storage(url, heartbeat_interval=HEARTBEAT, grace_period=1)
@@ -203,7 +203,7 @@ def test_zoo_budget_count_fails_a_dead_workers_trial_before_rl_zoo3_counts(tmp_p
     dead = study.ask()
     storage.record_heartbeat(dead._trial_id)  # a worker's last heartbeat; it then died
     time.sleep(2.5)
-    with zoo._study_storage(url, storage, exp_manager, max_total_trials=1):
+    with zoo_support._study_storage(url, storage, exp_manager, max_total_trials=1):
         study = optuna.create_study(storage=url, study_name="s", load_if_exists=True)
         assert isinstance(exp_manager.MaxTrialsCallback(1, states=FINISHED), zoo.TrialBudgetCallback)
     assert exp_manager.MaxTrialsCallback is optuna.study.MaxTrialsCallback

@@ -153,7 +153,7 @@ def test_settings_are_parameterised_by_the_algorithm_class(
     monkeypatch.setitem(settings.ALGORITHMS, spec.name, spec)
     entry = {"policy": policy, "n_steps": 128, "kl_coef": 1.0, "kl_target": 0.01, "policy_kwargs": good_policy_kwargs}
     assert entry_problems(entry, spec.name) == []
-    policy_name = spec.algorithm_class().policy_aliases[policy].__name__
+    policy_name = spec.algorithm.policy_aliases[policy].__name__
     bad = {"policy": policy, "n_epochs": 0, "policy_kwargs": {"net_arc": [64], "ortho_init": "no"}}
     assert entry_problems(bad, spec.name) == [
         "n_epochs=0 is invalid: expected an int >= 1",
@@ -290,7 +290,7 @@ def test_head_and_learning_rates_are_checked_by_the_settings_and_at_construction
     policy = "MlpLstmPolicy" if algo == "ppo_lstm_ext" else "MlpPolicy"
     with pytest.raises(SettingsError, match=rf"^x\.yml \(entry 'E'\): {message}"):
         check_entry({"policy": policy, "policy_kwargs": policy_kwargs}, "x.yml (entry 'E')", algo)
-    algorithm = settings.algorithm_spec(algo).algorithm_class()
+    algorithm = settings.algorithm_spec(algo).algorithm
     with pytest.raises(InvalidSettingError, match=rf"^{message}"):
         algorithm(policy, "Pendulum-v1", n_steps=16, batch_size=16, policy_kwargs=policy_kwargs, device="cpu")
 
