@@ -1,29 +1,10 @@
 """Build docs/BENCHMARKS.md and its figures from the CSVs of scripts/benchmark.py, one section per suite.
 
-The score of a run is its final deterministic evaluation return (the last CSV row). Per env (one task:
-score arrays of shape ``(runs, 1)``), the statistics are rliable's (Agarwal et al., "Deep reinforcement
-learning at the edge of the statistical precipice", NeurIPS 2021):
-
-- IQM, ``rliable.metrics.aggregate_iqm`` (the mean of the middle 50 % of the runs, ``trim_mean(x, 0.25)``),
-  with a 95 % stratified-bootstrap percentile CI (``rliable.library.get_interval_estimates``);
-- probability of improvement of each PPOExt variant (every algorithm but ``ppo`` and ``trpo``) over stock
-  PPO and over TRPO, and of the pairs in ``VARIANT_PAIRS`` (a candidate entry over the shipped one; on the
-  masked tasks each ``ppo_mask_ext`` variant over ``ppo_unmasked``), ``metrics.probability_of_improvement``:
-  the Mann-Whitney U statistic over ``n_x * n_y``, i.e. P(X > Y) + P(X = Y) / 2 for a random run of
-  each; its 95 % CI resamples the runs of the two algorithms independently (rliable's
-  ``StratifiedIndependentBootstrap``), each with its own run count, so unequal seed counts are fine;
-- performance profiles (fraction of runs whose final return is above tau, 95 % CIs),
-  ``library.create_performance_profile``;
-
-drawn with ``rliable.plot_utils`` (IQM intervals, probability of improvement, performance profile) beside
-the learning curves (mean across seeds, 95 % percentile bootstrap band of ``scipy.stats.bootstrap``).
-rliable draws its resamples from NumPy's global generator (its ``random_state`` argument does not
-reach the resampling), so each estimate is computed with that generator seeded with 0 and restored
-afterwards: the report is reproducible. Also: mean ± std, steps to a stated threshold, wall-clock and
-env-steps/s (compared only within one machine; a run whose segments ran on different machines counts
-as mixed and stays out of them), the throughput table of ``scripts/throughput.py --json``, each suite's
-coverage (what was run and what was not) and targets (met, missed or not measured yet), and every run's
-segments, machines and commits.
+The report per suite and env: rliable's IQM with its 95 % CI, probability of improvement and performance
+profiles (``benchmarks.stats``, where the statistics are described), mean ± std, steps to a threshold,
+wall-clock and env-steps/s (within one machine), learning curves, and rliable's plots; then the throughput
+table of ``scripts/throughput.py --json``, each suite's coverage and targets (met, missed or not measured
+yet), and every run's segments, machines and commits.
 
 Only finished runs (CSV and done marker) count; a suite without any is reported as not run yet. The
 figures go to ``docs/benchmarks/figures/<suite>/``: ``<env>.png`` (learning curves), ``<env>-iqm.png``,

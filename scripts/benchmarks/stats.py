@@ -1,8 +1,26 @@
 """The report's statistics: rliable's IQM, probability of improvement and profiles (seeded), summaries, curve bands.
 
-The score of a run is its final deterministic evaluation return; each env is one task (score arrays of
-shape ``(runs, 1)``). rliable draws its resamples from NumPy's global generator, so each estimate is
-computed with that generator seeded with :data:`SEED` and restored afterwards.
+The score of a run is its final deterministic evaluation return (the last CSV row). Per env (one task:
+score arrays of shape ``(runs, 1)``), the statistics are rliable's (Agarwal et al., "Deep reinforcement
+learning at the edge of the statistical precipice", NeurIPS 2021):
+
+- IQM, ``rliable.metrics.aggregate_iqm`` (the mean of the middle 50 % of the runs, ``trim_mean(x, 0.25)``),
+  with a 95 % stratified-bootstrap percentile CI (``rliable.library.get_interval_estimates``);
+- probability of improvement of each PPOExt variant (every algorithm but ``ppo`` and ``trpo``) over stock
+  PPO and over TRPO, and of the pairs in ``VARIANT_PAIRS`` (a candidate entry over the shipped one; on the
+  masked tasks each ``ppo_mask_ext`` variant over ``ppo_unmasked``), ``metrics.probability_of_improvement``:
+  the Mann-Whitney U statistic over ``n_x * n_y``, i.e. P(X > Y) + P(X = Y) / 2 for a random run of
+  each; its 95 % CI resamples the runs of the two algorithms independently (rliable's
+  ``StratifiedIndependentBootstrap``), each with its own run count, so unequal seed counts are fine;
+- performance profiles (fraction of runs whose final return is above tau, 95 % CIs),
+  ``library.create_performance_profile``;
+
+drawn (:mod:`benchmarks.plots`) with ``rliable.plot_utils`` (IQM intervals, probability of improvement,
+performance profile) beside the learning curves (mean across seeds, 95 % percentile bootstrap band of
+``scipy.stats.bootstrap``, :func:`curve_band`).
+rliable draws its resamples from NumPy's global generator (its ``random_state`` argument does not
+reach the resampling), so each estimate is computed with that generator seeded with :data:`SEED` (0) and
+restored afterwards: the report is reproducible.
 """
 
 from __future__ import annotations
