@@ -18,7 +18,8 @@ study as a whole has that many finished trials, so the study reaches its size ev
 
 Each trial trains PPOExt for ``--n-timesteps`` steps, evaluates it ``--n-evaluations`` times
 (deterministic policy, ``--eval-episodes`` episodes) and reports each mean return to Optuna,
-whose median pruner stops unpromising trials. The best trial's PPOExt keyword arguments are
+whose median pruner stops unpromising trials (the package's ``sb3_ppo_ext.callbacks.OptunaPruningCallback``:
+the ``i``-th evaluation is reported as step ``i``). The best trial's PPOExt keyword arguments are
 printed at the end; ``sb3_ppo_ext.samplers.ppo_ext_kwargs_from_params(study.best_trial.params)``
 rebuilds them from the study at any time.
 """
@@ -29,38 +30,17 @@ import argparse
 import os
 import sys
 from pprint import pformat
-from typing import Any
 
 import gymnasium as gym
 import optuna
 import torch as th
-from stable_baselines3.common.callbacks import EvalCallback
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_ppo_ext import NonFiniteLossError, PPOExt
+from sb3_ppo_ext.callbacks import OptunaPruningCallback
 from sb3_ppo_ext.samplers import HEARTBEAT_INTERVAL, StorageError, make_storage, sample_ppo_ext_params
 
 DEFAULT_STORAGE = "ppo_ext_study.log"
-
-
-class PruningEvalCallback(EvalCallback):
-    """``EvalCallback`` that reports each evaluation to an Optuna trial and stops training when it should be pruned."""
-
-    def __init__(self, trial: optuna.Trial, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.trial = trial
-        self.n_reports = 0
-        self.is_pruned = False
-
-    def _on_step(self) -> bool:
-        if self.eval_freq > 0 and self.n_calls % self.eval_freq == 0:
-            super()._on_step()
-            self.n_reports += 1
-            self.trial.report(self.last_mean_reward, self.n_reports)
-            if self.trial.should_prune():
-                self.is_pruned = True
-                return False
-        return True
 
 
 def make_objective(args: argparse.Namespace):
@@ -74,7 +54,7 @@ def make_objective(args: argparse.Namespace):
         env = make_vec_env(args.env, n_envs=args.n_envs)
         eval_env = make_vec_env(args.env, n_envs=1)
         eval_freq = max(args.n_timesteps // args.n_evaluations // args.n_envs, 1)
-        callback = PruningEvalCallback(
+        callback = OptunaPruningCallback(
             trial, eval_env, n_eval_episodes=args.eval_episodes, eval_freq=eval_freq, deterministic=True, verbose=0
         )
         try:
@@ -88,7 +68,7 @@ def make_objective(args: argparse.Namespace):
             eval_env.close()
         if callback.is_pruned:
             raise optuna.TrialPruned()
-        if callback.n_reports == 0:  # fewer steps than one evaluation period: evaluate once at the end
+        if callback.eval_idx == 0:  # fewer steps than one evaluation period: evaluate once at the end
             callback.eval_freq = 1
             callback.n_calls = 0
             callback._on_step()
@@ -104,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-timesteps", type=int, default=50_000, help="training steps per trial")
     parser.add_argument("--n-envs", type=int, default=1)
     parser.add_argument("--n-evaluations", type=int, default=4, help="evaluations (and pruning checks) per trial")
-    parser.add_argument("--eval-episodes", type=int, default=5)
+    parser.add_argument("--eval-episodes", type=int, default=5, help="episodes per evaluation, >= 1")
     parser.add_argument(
         "--storage",
         default=DEFAULT_STORAGE,

@@ -1,36 +1,28 @@
-"""scripts/benchmark.py (the matrix: CSVs, done markers, resume) and scripts/benchmark_report.py (statistics, report)."""
+"""The benchmarks package (scripts/benchmarks: the matrix, CSVs, done markers, resume; statistics, report) and its CLIs."""
 
 from __future__ import annotations
 
 import contextlib
 import csv
 import dataclasses
-import importlib.util
+import glob
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import benchmark as benchmark_cli  # scripts/benchmark.py (pyproject's pytest pythonpath: scripts/)
+import benchmark_report as report_cli  # scripts/benchmark_report.py
 import numpy as np
 import pytest
 import yaml
+from benchmarks import checkpoints, entries, records, report, runner, sections, stats, suites, targets
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-benchmark = _load("benchmark")
-report = _load("benchmark_report")
 
 
 def _run_benchmark(out: Path, *extra: str) -> str:
@@ -58,7 +50,7 @@ def test_matrix_writes_csvs_skips_finished_and_reruns_interrupted(tmp_path):
             stem = out / "Pendulum-v1" / algo / f"seed{seed}"
             with open(stem.with_suffix(".csv"), newline="") as file:
                 rows = list(csv.DictReader(file))
-            assert tuple(rows[0]) == benchmark.CSV_FIELDS
+            assert tuple(rows[0]) == records.CSV_FIELDS
             # step 0, every multiple of eval_freq below the budget, then after the last update: one
             # rollout of Pendulum's entry is 4 envs x 1024 steps, so training ends at 4096.
             assert [int(row["timesteps"]) for row in rows] == [0, 1024, 4096]
@@ -101,33 +93,47 @@ def test_matrix_writes_csvs_skips_finished_and_reruns_interrupted(tmp_path):
 
 
 def test_changed_budget_is_not_finished(tmp_path):
-    spec = benchmark.RunSpec("Pendulum-v1", "ppo", 0, 1000, 500, 2, str(tmp_path))
+    spec = records.RunSpec("Pendulum-v1", "ppo", 0, 1000, 500, 2, str(tmp_path))
     spec.stem.parent.mkdir(parents=True)
-    spec.csv_path.write_text(",".join(benchmark.CSV_FIELDS) + "\n")
-    assert not benchmark.is_finished(spec)
-    hyperparams = {"n_timesteps": "1000.0", **benchmark.expected_hyperparams(spec)}
-    benchmark.write_atomic(spec.marker_path, json.dumps({"budget": spec.budget(), "hyperparams": hyperparams}))
-    assert benchmark.is_finished(spec)
-    longer = benchmark.RunSpec("Pendulum-v1", "ppo", 0, 2000, 500, 2, str(tmp_path))
-    assert not benchmark.is_finished(longer)
+    spec.csv_path.write_text(",".join(records.CSV_FIELDS) + "\n")
+    assert not runner.is_finished(spec)
+    hyperparams = {"n_timesteps": "1000.0", **entries.expected_hyperparams(spec)}
+    records.write_atomic(spec.marker_path, json.dumps({"budget": spec.budget(), "hyperparams": hyperparams}))
+    assert runner.is_finished(spec)
+    longer = records.RunSpec("Pendulum-v1", "ppo", 0, 2000, 500, 2, str(tmp_path))
+    assert not runner.is_finished(longer)
+
+
+def test_the_runner_and_the_report_name_a_run_s_files_alike(tmp_path):
+    """One definition of the done marker: where the runner writes it is where the report finds it, keys in order."""
+    spec = records.RunSpec("Pendulum-v1", "ppo", 3, 1000, 500, 2, str(tmp_path))
+    assert spec.marker_path == records.marker_path_of(spec.csv_path) == tmp_path / "Pendulum-v1" / "ppo" / "seed3.done.json"
+    assert records.csv_path_of(spec.marker_path) == spec.csv_path
+    spec.stem.parent.mkdir(parents=True)
+    with pytest.raises(ValueError, match="a done marker has the keys"):
+        records.write_marker(spec.marker_path, {"env": "Pendulum-v1"})
+    marker = dict.fromkeys(records.MARKER_KEYS, 0)
+    records.write_marker(spec.marker_path, marker)
+    assert records.find_markers(tmp_path) == [spec.marker_path]
+    assert list(records.read_marker(spec.marker_path)) == list(records.MARKER_KEYS)
 
 
 def test_run_with_changed_settings_is_not_finished(tmp_path, monkeypatch):
     """A run recorded with other settings than the yml entry (plus overrides) has now is rerun."""
-    spec = benchmark.RunSpec("Pendulum-v1", "ppo_ext_kl", 0, 1000, 500, 2, str(tmp_path))
+    spec = records.RunSpec("Pendulum-v1", "ppo_ext_kl", 0, 1000, 500, 2, str(tmp_path))
     spec.stem.parent.mkdir(parents=True)
-    spec.csv_path.write_text(",".join(benchmark.CSV_FIELDS) + "\n")
-    expected = benchmark.expected_hyperparams(spec)
+    spec.csv_path.write_text(",".join(records.CSV_FIELDS) + "\n")
+    expected = entries.expected_hyperparams(spec)
     # The shipped Pendulum entry with the KL variant's overrides, as rl-zoo3 records them.
     assert expected["kl_coef"] == "1.0" and expected["clip_range"] == "None" and expected["n_envs"] == "4"
     marker = {"budget": spec.budget(), "hyperparams": {**expected, "n_timesteps": "100000.0"}}
-    benchmark.write_atomic(spec.marker_path, json.dumps(marker))
-    assert benchmark.is_finished(spec)
+    records.write_atomic(spec.marker_path, json.dumps(marker))
+    assert runner.is_finished(spec)
     for changed in ({**expected, "learning_rate": "0.0003"}, {**expected, "extra": "1"}, {}):
-        benchmark.write_atomic(spec.marker_path, json.dumps({**marker, "hyperparams": changed}))
-        assert not benchmark.is_finished(spec), changed
+        records.write_atomic(spec.marker_path, json.dumps({**marker, "hyperparams": changed}))
+        assert not runner.is_finished(spec), changed
     # The entry itself changes (as when it is tuned): the recorded run is stale.
-    benchmark.write_atomic(spec.marker_path, json.dumps(marker))
+    records.write_atomic(spec.marker_path, json.dumps(marker))
     import sb3_ppo_ext.hyperparams as hp
 
     tuned = tmp_path / "tuned.yml"
@@ -137,19 +143,19 @@ def test_run_with_changed_settings_is_not_finished(tmp_path, monkeypatch):
     from sb3_ppo_ext import settings
 
     monkeypatch.setitem(settings.ALGORITHMS, "ppo_ext", dataclasses.replace(settings.ALGORITHMS["ppo_ext"], hyperparams=tuned))
-    assert benchmark.expected_hyperparams(spec)["n_envs"] == "8"
-    assert not benchmark.is_finished(spec)
+    assert entries.expected_hyperparams(spec)["n_envs"] == "8"
+    assert not runner.is_finished(spec)
 
 
 def test_suite_matrix_gives_every_algorithm_the_same_seeds_and_budget():
-    args = benchmark.parse_args(["--suite", "issue"])
-    specs = benchmark.build_matrix(args)
+    args = benchmark_cli.parse_args(["--suite", "issue"])
+    specs = runner.build_matrix(args)
     for env in ("Pendulum-v1", "LunarLanderContinuous-v3", "Hopper-v5", "HalfCheetah-v5"):
         by_algo = {}
         for spec in specs:
             if spec.env == env:
                 by_algo.setdefault(spec.algo, []).append((spec.seed, spec.steps, spec.eval_freq, spec.eval_episodes))
-        assert set(by_algo) == set(benchmark.SUITE_300K)
+        assert set(by_algo) == set(suites.SUITE_300K)
         assert len({tuple(runs) for runs in by_algo.values()}) == 1
     pendulum = [spec for spec in specs if spec.env == "Pendulum-v1"]
     assert len(pendulum) == 4 * 5 and {spec.steps for spec in pendulum} == {100_000}
@@ -161,24 +167,24 @@ def test_zoo_algorithms_use_the_v4_entry_of_rl_zoo3_for_v5_envs(tmp_path, zoo_al
     import rl_zoo3
 
     zoo_entries = yaml.safe_load((Path(rl_zoo3.__file__).parent / "hyperparams" / f"{zoo_algo}.yml").read_text())
-    path, source = benchmark._zoo_config(zoo_algo, "Hopper-v5", str(tmp_path))
+    path, source = entries.zoo_config(zoo_algo, "Hopper-v5", str(tmp_path))
     assert yaml.safe_load(Path(path).read_text()) == {"Hopper-v5": zoo_entries["Hopper-v4"]}
     assert f"{zoo_algo}.yml: Hopper-v4" in source
-    assert benchmark._zoo_config(zoo_algo, "Pendulum-v1", str(tmp_path)) == (
+    assert entries.zoo_config(zoo_algo, "Pendulum-v1", str(tmp_path)) == (
         None,
         f"rl_zoo3/hyperparams/{zoo_algo}.yml: Pendulum-v1",
     )
 
 
 def test_mujoco_1m_suite_runs_the_issues_algorithms_on_the_same_seeds():
-    specs = benchmark.build_matrix(benchmark.parse_args(["--suite", "mujoco-1m"]))
+    specs = runner.build_matrix(benchmark_cli.parse_args(["--suite", "mujoco-1m"]))
     hopper = [spec for spec in specs if spec.env == "Hopper-v5"]
     walker = [spec for spec in specs if spec.env == "Walker2d-v5"]
     assert {spec.algo for spec in hopper} == {"ppo", "trpo", "ppo_ext_clip", "ppo_ext_kl", "ppo_ext_tanh"}
     assert len(hopper) == 5 * 5 and len(walker) == 3 * 3
     assert {spec.steps for spec in specs} == {1_000_000} and {spec.eval_freq for spec in specs} == {20_000}
     # --algos narrows a suite; an env keeps its own limit.
-    narrowed = benchmark.build_matrix(benchmark.parse_args(["--suite", "mujoco-1m", "--algos", "ppo_ext_kl"]))
+    narrowed = runner.build_matrix(benchmark_cli.parse_args(["--suite", "mujoco-1m", "--algos", "ppo_ext_kl"]))
     assert {(spec.env, spec.algo) for spec in narrowed} == {("Hopper-v5", "ppo_ext_kl")}
 
 
@@ -196,7 +202,7 @@ def _candidate_file(path: Path, **changes) -> Path:
 def test_tuned_suite_runs_the_candidate_beside_the_shipped_entry_on_fresh_seeds(tmp_path):
     candidate = _candidate_file(tmp_path / "candidates.yml", n_epochs=20, clip_range=0.3)
     out = str(tmp_path / "results")
-    specs = benchmark.build_matrix(benchmark.parse_args(["--suite", "tuned-1m", "--candidate", str(candidate), "--out", out]))
+    specs = runner.build_matrix(benchmark_cli.parse_args(["--suite", "tuned-1m", "--candidate", str(candidate), "--out", out]))
     assert {(spec.env, spec.algo) for spec in specs} == {("Hopper-v5", "ppo_ext_clip"), ("Hopper-v5", "ppo_ext_tuned")}
     # Seeds 100-104 for both: none of them seeded the study's envs; 1M steps, evaluations every 20k.
     assert sorted(spec.seed for spec in specs if spec.algo == "ppo_ext_tuned") == [100, 101, 102, 103, 104]
@@ -206,23 +212,23 @@ def test_tuned_suite_runs_the_candidate_beside_the_shipped_entry_on_fresh_seeds(
     assert {spec.candidate for spec in specs if spec.algo == "ppo_ext_clip"} == {None}
     tuned = next(spec for spec in specs if spec.algo == "ppo_ext_tuned")
     shipped = next(spec for spec in specs if spec.algo == "ppo_ext_clip")
-    assert benchmark.expected_hyperparams(tuned) == {
-        **benchmark.expected_hyperparams(shipped),
+    assert entries.expected_hyperparams(tuned) == {
+        **entries.expected_hyperparams(shipped),
         "n_epochs": "20",
         "clip_range": "0.3",
     }
     # A recorded candidate run is stale once the candidate's entry changes: rerun, not mixed.
     tuned.stem.parent.mkdir(parents=True)
-    tuned.csv_path.write_text(",".join(benchmark.CSV_FIELDS) + "\n")
-    marker = {"budget": tuned.budget(), "hyperparams": benchmark.expected_hyperparams(tuned)}
-    benchmark.write_atomic(tuned.marker_path, json.dumps(marker))
-    fingerprint = benchmark.run_fingerprint(tuned)
-    assert benchmark.is_finished(tuned)
+    tuned.csv_path.write_text(",".join(records.CSV_FIELDS) + "\n")
+    marker = {"budget": tuned.budget(), "hyperparams": entries.expected_hyperparams(tuned)}
+    records.write_atomic(tuned.marker_path, json.dumps(marker))
+    fingerprint = checkpoints.run_fingerprint(tuned)
+    assert runner.is_finished(tuned)
     _candidate_file(candidate, n_epochs=10, clip_range=0.3)
-    assert not benchmark.is_finished(tuned) and benchmark.run_fingerprint(tuned) != fingerprint
+    assert not runner.is_finished(tuned) and checkpoints.run_fingerprint(tuned) != fingerprint
     # --first-seed still moves the seeds.
-    moved = benchmark.build_matrix(
-        benchmark.parse_args(
+    moved = runner.build_matrix(
+        benchmark_cli.parse_args(
             ["--suite", "tuned-1m", "--candidate", str(candidate), "--out", out, "--first-seed", "7", "--seeds", "1"]
         )
     )
@@ -231,7 +237,7 @@ def test_tuned_suite_runs_the_candidate_beside_the_shipped_entry_on_fresh_seeds(
 
 def test_candidate_mistakes_fail_before_any_run(tmp_path):
     def matrix(*argv: str):
-        return benchmark.build_matrix(benchmark.parse_args(list(argv)))
+        return runner.build_matrix(benchmark_cli.parse_args(list(argv)))
 
     # No candidate: the variant is left out by default and refused by name.
     assert "ppo_ext_tuned" not in {spec.algo for spec in matrix("--envs", "Pendulum-v1")}
@@ -272,7 +278,7 @@ def test_tanh_variant_changes_only_the_activation():
     from sb3_ppo_ext.hyperparams import load_hyperparams
 
     shipped = load_hyperparams("Hopper-v5")["policy_kwargs"]
-    merged = benchmark._zoo_overrides("Hopper-v5", benchmark.ALGOS["ppo_ext_tanh"][1])
+    merged = entries.zoo_overrides("Hopper-v5", suites.ALGOS["ppo_ext_tanh"][1])
     assert merged == {"policy_kwargs": {**shipped, "activation_fn": "tanh"}}
 
 
@@ -284,7 +290,7 @@ def test_gaussian_variant_keeps_the_shipped_policy_kwargs_but_the_squashed_heads
     # The tuned Hopper-v5 entry sets the squashed head's entropy estimator, which a Gaussian head rejects.
     shipped = load_hyperparams("Hopper-v5")["policy_kwargs"]
     assert "entropy_estimator" in shipped
-    merged = benchmark._zoo_overrides("Hopper-v5", benchmark.ALGOS["ppo_ext_gauss"][1])
+    merged = entries.zoo_overrides("Hopper-v5", suites.ALGOS["ppo_ext_gauss"][1])
     without = {key: value for key, value in shipped.items() if key != "entropy_estimator"}
     assert merged["policy_kwargs"] == {**without, "squash_output": False}
     # ... and the merged settings build (without the drop, the 300k Hopper runs failed at construction).
@@ -292,14 +298,14 @@ def test_gaussian_variant_keeps_the_shipped_policy_kwargs_but_the_squashed_heads
     assert not model.policy.squash_output
     with pytest.raises(ValueError, match="entropy_estimator='sample' only applies to the squashed head"):
         PPOExt("MlpPolicy", "Pendulum-v1", policy_kwargs={**shipped, "squash_output": False})
-    assert benchmark._zoo_overrides("Pendulum-v1", benchmark.ALGOS["ppo_ext_gauss"][1]) == {
+    assert entries.zoo_overrides("Pendulum-v1", suites.ALGOS["ppo_ext_gauss"][1]) == {
         "policy_kwargs": {"squash_output": False}
     }
 
 
 def test_heads_suite_runs_the_three_heads_on_the_same_seeds_and_budgets():
     """The three heads everywhere; where the shipped entry uses gSDE (Pendulum-v1), the Gaussian heads without it too."""
-    specs = benchmark.build_matrix(benchmark.parse_args(["--suite", "heads"]))
+    specs = runner.build_matrix(benchmark_cli.parse_args(["--suite", "heads"]))
     budgets = {"Pendulum-v1": 100_000, "MountainCarContinuous-v0": 20_000, "LunarLanderContinuous-v3": 300_000}
     heads = {"ppo_ext_gauss", "ppo_ext_clip", "ppo_ext_beta"}
     assert {spec.env for spec in specs} == set(budgets)
@@ -319,8 +325,8 @@ def test_gaussian_heads_without_gsde_change_only_the_noise_model():
     from sb3_ppo_ext.hyperparams import load_hyperparams
 
     assert load_hyperparams("Pendulum-v1")["use_sde"] is True  # why Pendulum-v1 has these rows
-    assert benchmark._zoo_overrides("Pendulum-v1", benchmark.ALGOS["ppo_ext_clip_nosde"][1]) == {"use_sde": False}
-    assert benchmark._zoo_overrides("Pendulum-v1", benchmark.ALGOS["ppo_ext_gauss_nosde"][1]) == {
+    assert entries.zoo_overrides("Pendulum-v1", suites.ALGOS["ppo_ext_clip_nosde"][1]) == {"use_sde": False}
+    assert entries.zoo_overrides("Pendulum-v1", suites.ALGOS["ppo_ext_gauss_nosde"][1]) == {
         "use_sde": False,
         "policy_kwargs": {"squash_output": False},
     }
@@ -333,8 +339,8 @@ def test_beta_variant_keeps_the_shipped_settings_but_the_gaussian_heads(env_id):
     from sb3_ppo_ext.settings import to_algorithm_kwargs
 
     shipped = load_hyperparams(env_id).get("policy_kwargs") or {}
-    merged = benchmark._zoo_overrides(env_id, benchmark.ALGOS["ppo_ext_beta"][1])
-    kept = {key: value for key, value in shipped.items() if key not in benchmark.GAUSSIAN_HEAD_ONLY}
+    merged = entries.zoo_overrides(env_id, suites.ALGOS["ppo_ext_beta"][1])
+    kept = {key: value for key, value in shipped.items() if key not in suites.GAUSSIAN_HEAD_ONLY}
     assert merged == {"use_sde": False, "policy_kwargs": {**kept, "action_dist": "beta"}}
     # The merged settings build with the Beta head (the shipped log_std_init / gSDE would be rejected).
     model = PPOExt("MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=64, **to_algorithm_kwargs(merged))
@@ -350,19 +356,19 @@ def test_beta_variant_keeps_the_shipped_settings_but_the_gaussian_heads(env_id):
 @pytest.fixture
 def rliable_stats():
     """The report's statistics are rliable's (in the test and bench extras): imported up front."""
-    report._rliable()
+    stats.load_rliable()
 
 
 @pytest.fixture
 def fast_rliable(rliable_stats, monkeypatch):
     """Fewer bootstrap resamples, for tests that check the report's text rather than its intervals."""
-    monkeypatch.setattr(report, "IQM_REPS", 1000)
-    monkeypatch.setattr(report, "IMPROVEMENT_REPS", 300)
-    monkeypatch.setattr(report, "PROFILE_REPS", 300)
+    monkeypatch.setattr(stats, "IQM_REPS", 1000)
+    monkeypatch.setattr(stats, "IMPROVEMENT_REPS", 300)
+    monkeypatch.setattr(stats, "PROFILE_REPS", 300)
 
 
 def _iqm(values: list[float]) -> float:
-    return report.iqm_with_ci(values)[0]
+    return stats.iqm_with_ci(values)[0]
 
 
 def test_iqm_by_hand(fast_rliable):
@@ -379,23 +385,23 @@ def _mann_whitney(x: list[float], y: list[float]) -> float:
     return sum((a > b) + 0.5 * (a == b) for a in x for b in y) / (len(x) * len(y))
 
 
-def test_probability_of_improvement_by_hand(rliable_stats):
+def test_probability_of_improvement_by_hand(rliable_stats, monkeypatch):
     x, y = [1.0, 2.0, 3.0, 4.0], [2.0, 2.0, 0.0]  # unequal run counts
     assert _mann_whitney(x, y) == 0.75  # 1 + (1 + 2 x 0.5) + 3 + 3 of 12 pairs
-    p, (low, high) = report.improvement_probability(x, y)
+    p, (low, high) = stats.improvement_probability(x, y)
     assert p == pytest.approx(0.75)
     assert 0.0 <= low < p < high <= 1.0
-    assert report.improvement_probability(y, x)[0] == pytest.approx(0.25)
-    assert report.improvement_probability(x, x)[0] == 0.5
+    # The point estimates below do not depend on the resamples (only the interval above is checked): fewer of them.
+    monkeypatch.setattr(stats, "IMPROVEMENT_REPS", 100)
+    assert stats.improvement_probability(y, x)[0] == pytest.approx(0.25)
+    assert stats.improvement_probability(x, x)[0] == 0.5
     # The CI resamples each algorithm's runs on their own: a plain numpy bootstrap of the same statistic agrees.
     rng = np.random.default_rng(3)
     samples = [_mann_whitney(list(rng.choice(x, size=len(x))), list(rng.choice(y, size=len(y)))) for _ in range(4000)]
     expected_low, expected_high = np.percentile(samples, [2.5, 97.5])
     assert low == pytest.approx(expected_low, abs=0.06) and high == pytest.approx(expected_high, abs=0.06)
     # The fixture's final returns: PPOExt ahead of stock PPO in 19.5 of 25 pairs.
-    assert report.improvement_probability(EXT_FINALS, STOCK_FINALS)[0] == pytest.approx(
-        _mann_whitney(EXT_FINALS, STOCK_FINALS)
-    )
+    assert stats.improvement_probability(EXT_FINALS, STOCK_FINALS)[0] == pytest.approx(_mann_whitney(EXT_FINALS, STOCK_FINALS))
     assert _mann_whitney(EXT_FINALS, STOCK_FINALS) == 19.5 / 25
 
 
@@ -408,7 +414,7 @@ def _write_fixture_run(
     timesteps = [0, 10_000, 20_000, 30_000][: len(returns)]
     with open(stem.with_suffix(".csv"), "w", newline="") as file:
         writer = csv.writer(file)
-        writer.writerow(benchmark.CSV_FIELDS)
+        writer.writerow(records.CSV_FIELDS)
         for step, value in zip(timesteps, returns, strict=True):
             writer.writerow([step, value, 10.0, 10, step / fps, fps])
     marker = {
@@ -449,15 +455,15 @@ def fixture_results(tmp_path):
         _write_fixture_run(results, "ppo_ext_clip", seed, [-1200.0, -700.0, second, final], fps=900.0)
     # An unfinished run (no marker) is left out.
     (results / "Pendulum-v1" / "ppo_ext_kl").mkdir()
-    (results / "Pendulum-v1" / "ppo_ext_kl" / "seed0.csv").write_text(",".join(benchmark.CSV_FIELDS) + "\n0,-1,0,10,0,0\n")
+    (results / "Pendulum-v1" / "ppo_ext_kl" / "seed0.csv").write_text(",".join(records.CSV_FIELDS) + "\n0,-1,0,10,0,0\n")
     return results
 
 
 def test_report_statistics_from_fixture_csvs(fixture_results, rliable_stats):
-    runs = report.load_runs(fixture_results)
+    runs = records.load_runs(fixture_results)
     assert list(runs["Pendulum-v1"]) == ["ppo", "ppo_ext_clip"]
-    stock = report.summarize("ppo", runs["Pendulum-v1"]["ppo"], -200.0)
-    ext = report.summarize("ppo_ext_clip", runs["Pendulum-v1"]["ppo_ext_clip"], -200.0)
+    stock = stats.summarize("ppo", runs["Pendulum-v1"]["ppo"], -200.0)
+    ext = stats.summarize("ppo_ext_clip", runs["Pendulum-v1"]["ppo_ext_clip"], -200.0)
     assert stock.iqm == pytest.approx((-300 - 200 - 180) / 3)
     assert ext.iqm == pytest.approx((-160 - 150 - 145) / 3)
     assert stock.mean == pytest.approx(np.mean(STOCK_FINALS))
@@ -480,14 +486,14 @@ def test_rliable_intervals_are_seeded_and_leave_numpy_alone(fast_rliable, monkey
     finals = [float(v) for v in np.arange(16) * 1.37 + np.arange(16) ** 2 % 7]
     np.random.seed(123)
     before = np.random.get_state()
-    first = report.iqm_with_ci(finals)
+    first = stats.iqm_with_ci(finals)
     after = np.random.get_state()
     assert np.array_equal(before[1], after[1]) and before[2] == after[2]
     np.random.seed(7)  # another global state: the same intervals
-    assert report.iqm_with_ci(finals) == first
-    assert report.improvement_probability(finals, finals[::2]) == report.improvement_probability(finals, finals[::2])
-    monkeypatch.setattr(report, "SEED", 1)  # the seed is what fixes them
-    assert report.iqm_with_ci(finals)[1] != first[1]
+    assert stats.iqm_with_ci(finals) == first
+    assert stats.improvement_probability(finals, finals[::2]) == stats.improvement_probability(finals, finals[::2])
+    monkeypatch.setattr(stats, "SEED", 1)  # the seed is what fixes them
+    assert stats.iqm_with_ci(finals)[1] != first[1]
 
 
 def test_report_builds_markdown_figures_and_targets(fixture_results, tmp_path, fast_rliable):
@@ -517,7 +523,7 @@ def test_report_builds_markdown_figures_and_targets(fixture_results, tmp_path, f
     data = tmp_path / "docs" / "benchmarks" / "data"
     argv = ["--results", str(fixture_results), "--out", str(out), "--figures", str(tmp_path / "docs" / "benchmarks")]
     no_gpu_note = ["--gpu-note", str(tmp_path / "no-such-note.md")]  # the default file is the real report's
-    assert report.main([*argv, "--keep-data", str(data), "--throughput", str(throughput_path), *no_gpu_note]) == 0
+    assert report_cli.main([*argv, "--keep-data", str(data), "--throughput", str(throughput_path), *no_gpu_note]) == 0
     text = out.read_text()
     figures = tmp_path / "docs" / "benchmarks" / "issue"
     for name in ("", "-iqm", "-profile", "-improvement"):  # the learning curves and rliable's three plots
@@ -558,20 +564,21 @@ def test_report_builds_markdown_figures_and_targets(fixture_results, tmp_path, f
     note = tmp_path / "gpu-note.md"
     note.write_text("Ran on a lent GPU: 9 of 9 passed.\n")
     rebuild = ["--results", str(data), "--out", str(rebuilt), "--figures", str(tmp_path / "fig"), "--keep-data", ""]
-    assert report.main([*rebuild, "--gpu-note", str(note)]) == 0
+    rebuild.append("--no-figures")  # the text is what is checked here; the figures are above
+    assert report_cli.main([*rebuild, "--gpu-note", str(note)]) == 0
     rebuilt_text = rebuilt.read_text()
     assert "| -226.7 | [" in rebuilt_text
     assert "## GPU check\n\nRan on a lent GPU: 9 of 9 passed.\n" in rebuilt_text
 
 
 def test_report_without_runs_fails(tmp_path, capsys):
-    assert report.main(["--results", str(tmp_path), "--out", str(tmp_path / "r.md"), "--keep-data", ""]) == 1
+    assert report_cli.main(["--results", str(tmp_path), "--out", str(tmp_path / "r.md"), "--keep-data", ""]) == 1
     assert "no finished runs" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "r.md")
 
 
 def test_throughput_verdict_needs_medians_and_best_runs_to_agree():
-    lines = report.targets_section(
+    lines = targets.targets_section(
         "pendulum", {}, {"PPOExt, squash on": 1.02, "PPOExt, squash on (best)": 0.93, "PPOExt, squash off": 0.99}
     )
     text = "\n".join(lines)
@@ -590,13 +597,13 @@ def test_report_lists_tuned_entries(tmp_path):
         "LunarLanderContinuous-v3:\n  n_envs: 16\n  policy_kwargs:\n    net_arch: [64]\n"
         "# Tuned but not right above an entry\n\nHopper-v5:\n  n_envs: 1\n"
     )
-    assert report.tuned_comments(yml) == {
+    assert sections.tuned_comments(yml) == {
         "LunarLanderContinuous-v3": [
             "Tuned: best of 12 complete trials of study 'llc': trial 7, 231.0",
             "study command: python -m rl_zoo3.train --algo ppo_ext -optimize",
         ]
     }
-    lines = report.tuning_section("issue", yml)
+    lines = sections.tuning_section("issue", yml)
     assert (
         "| LunarLanderContinuous-v3 | Tuned: best of 12 complete trials of study 'llc': trial 7, 231.0<br>study command:"
         in ("\n".join(lines))
@@ -610,7 +617,7 @@ def test_report_lists_tuned_entries(tmp_path):
     study = optuna.create_study(storage=storage, study_name="hopper", direction="maximize")
     study.enqueue_trial({"x": 1.0}, user_attrs={"shipped_entry": True})
     study.optimize(lambda trial: trial.suggest_float("x", 0.0, 2.0) * 100, n_trials=2)
-    lines = report.tuning_section("issue", yml, [(storage, "hopper")])
+    lines = sections.tuning_section("issue", yml, [(storage, "hopper")])
     assert lines[-1] == (
         f"- `{storage}`: study 'hopper': 2 trials (2 complete); best complete trial {study.best_trial.number}: "
         f"{study.best_value:.1f} (complete trials {min(t.value for t in study.trials):.1f} to {study.best_value:.1f}); "
@@ -619,12 +626,12 @@ def test_report_lists_tuned_entries(tmp_path):
 
 
 def test_source_revision(tmp_path):
-    assert benchmark.source_revision(tmp_path) is None  # not a git checkout
+    assert records.source_revision(tmp_path) is None  # not a git checkout
     repo = Path(__file__).resolve().parents[1]
     head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     if head.returncode != 0:
         pytest.skip("the tests do not run from a git checkout")
-    assert benchmark.source_revision(repo / "sb3_ppo_ext").split("+")[0] == head.stdout.strip()
+    assert records.source_revision(repo / "sb3_ppo_ext").split("+")[0] == head.stdout.strip()
 
 
 def test_package_code_note(tmp_path):
@@ -669,20 +676,21 @@ def test_report_names_a_variant_that_reproduced_stock_ppo(fixture_results, tmp_p
     for seed, final in enumerate(STOCK_FINALS):
         returns = [-1200.0, -800.0, -400.0 + seed, final - (seed == 1)]
         _write_fixture_run(fixture_results, "ppo_ext_kl", seed, returns, fps=1000.0)
-    runs = report.load_runs(fixture_results)
-    assert report.identical_to_stock(runs) == {("Pendulum-v1", "ppo_ext_gauss")}
+    runs = records.load_runs(fixture_results)
+    assert sections.identical_to_stock(runs) == {("Pendulum-v1", "ppo_ext_gauss")}
     # Fewer seeds than stock PPO, each identical: still the same training.
     fewer = {"Pendulum-v1": {"ppo": runs["Pendulum-v1"]["ppo"], "ppo_ext_gauss": runs["Pendulum-v1"]["ppo_ext_gauss"][:2]}}
-    assert report.identical_to_stock(fewer) == {("Pendulum-v1", "ppo_ext_gauss")}
+    assert sections.identical_to_stock(fewer) == {("Pendulum-v1", "ppo_ext_gauss")}
     out = tmp_path / "BENCHMARKS.md"
-    argv = ["--results", str(fixture_results), "--out", str(out), "--figures", str(tmp_path), "--keep-data", ""]
-    assert report.main(argv) == 0
+    argv = ["--results", str(fixture_results), "--out", str(out), "--keep-data", ""]
+    argv += ["--figures", str(tmp_path), "--no-figures"]  # the text is checked here, the figures elsewhere
+    assert report_cli.main(argv) == 0
     text = out.read_text()
     assert "| `ppo_ext_gauss` (= stock PPO: every evaluation of each of its seeds identical) | 5 |" in text
     assert "| `ppo_ext_kl` | 5 |" in text
     # ppo_ext_clip is best here; with it gone, the tie is named and the best other variant given.
     shutil.rmtree(fixture_results / "Pendulum-v1" / "ppo_ext_clip")
-    assert report.main(argv) == 0
+    assert report_cli.main(argv) == 0
     text = out.read_text()
     assert (
         "| Pendulum-v1 (`ppo_ext_gauss`) | met (a tie: this variant is stock PPO bit for bit) | -226.7 vs -226.7 (+0.0); "
@@ -693,8 +701,9 @@ def test_report_names_a_variant_that_reproduced_stock_ppo(fixture_results, tmp_p
 def test_report_keeps_timings_of_different_machines_apart(fixture_results, tmp_path, fast_rliable):
     """Runs from two machines: a column says where each row ran, and no throughput ratio crosses machines."""
     out = tmp_path / "BENCHMARKS.md"
-    argv = ["--results", str(fixture_results), "--out", str(out), "--figures", str(tmp_path), "--keep-data", ""]
-    assert report.main(argv) == 0
+    argv = ["--results", str(fixture_results), "--out", str(out), "--keep-data", ""]
+    argv += ["--figures", str(tmp_path), "--no-figures"]  # the text is checked here, the figures elsewhere
+    assert report_cli.main(argv) == 0
     one_machine = out.read_text()
     assert "Machine: 2 CPU cores; stable_baselines3 x." in one_machine and "| machine |" not in one_machine
     assert "| 0.90 (same settings but the variant) |" in one_machine
@@ -702,7 +711,7 @@ def test_report_keeps_timings_of_different_machines_apart(fixture_results, tmp_p
         marker = json.loads(marker_path.read_text())
         marker["cpu_count"], marker["versions"] = 16, {"stable_baselines3": "x", "torch": "y"}
         marker_path.write_text(json.dumps(marker))
-    assert report.main(argv) == 0
+    assert report_cli.main(argv) == 0
     text = out.read_text()
     assert "**A**: 2 CPU cores; stable_baselines3 x; **B**: 16 CPU cores; stable_baselines3 x, torch y." in text
     assert "| 35 s | 1000 | — | A |" in text
@@ -713,7 +722,7 @@ def test_report_keeps_timings_of_different_machines_apart(fixture_results, tmp_p
 
 def _en(text: str) -> str:
     """``~`` as the report's en dash (ranges of steps and seeds)."""
-    return text.replace("~", report.DASH)
+    return text.replace("~", sections.DASH)
 
 
 def _segment(start: int, end: int, host: str, cpus: int, revision: str, day: str, **versions: str) -> dict:
@@ -753,20 +762,21 @@ def results_1m(tmp_path):
 
 
 def test_old_markers_are_one_segment_and_new_ones_list_theirs(results_1m):
-    runs = report.load_runs(results_1m)["Hopper-v5"]
+    runs = records.load_runs(results_1m)["Hopper-v5"]
     stock = runs["ppo"][0]
-    assert report.run_segments(stock.marker) == [
-        report.Segment(0, 30_000, "2 CPU cores; stable_baselines3 x", "abc1234", "2026-11-30T05:00:00Z", train_time_s=30.0)
+    assert records.run_segments(stock.marker) == [
+        records.Segment(0, 30_000, "2 CPU cores; stable_baselines3 x", "abc1234", "2026-11-30T05:00:00Z", train_time_s=30.0)
     ]
-    assert not report.is_mixed(stock)
+    assert not records.is_mixed(stock)
     split = runs["ppo_ext_clip"][2]
     # A segment's kind of machine is its cores and versions (its own, else the marker's), as for whole runs,
     # so the first segment is the old runs' machine A; the label names the machine.
-    assert [(s.from_timesteps, s.to_timesteps, s.machine, s.revision, s.label) for s in report.run_segments(split.marker)] == [
+    segments = records.run_segments(split.marker)
+    assert [(s.from_timesteps, s.to_timesteps, s.machine, s.revision, s.label) for s in segments] == [
         (0, 10_000, "2 CPU cores; stable_baselines3 x", "abc1234", "host-a (2 cores)"),
         (10_000, 30_000, "16 CPU cores; stable_baselines3 y", "def5678", "lent"),
     ]
-    assert report.is_mixed(split)
+    assert records.is_mixed(split)
 
 
 def test_report_covers_several_suites_segments_and_mixed_machines(fixture_results, results_1m, tmp_path, fast_rliable):
@@ -774,7 +784,7 @@ def test_report_covers_several_suites_segments_and_mixed_machines(fixture_result
     out = tmp_path / "BENCHMARKS.md"
     figures = tmp_path / "figures"
     argv = ["--out", str(out), "--figures", str(figures), "--keep-data", "", "--results", f"issue={fixture_results}"]
-    assert report.main([*argv, "--results", f"mujoco-1m={tmp_path / 'not-yet'}"]) == 0
+    assert report_cli.main([*argv, "--results", f"mujoco-1m={tmp_path / 'not-yet'}", "--no-figures"]) == 0  # text only
     text = out.read_text()
     assert "## Suite `issue`" in text and "## Suite `mujoco-1m`" in text
     assert f"Not run yet: no finished run under `{tmp_path / 'not-yet'}`." in text
@@ -785,7 +795,7 @@ def test_report_covers_several_suites_segments_and_mixed_machines(fixture_result
     # The old suite's targets are there as they were.
     assert "| Pendulum-v1 (`ppo_ext_clip`) | met | -151.7 vs -226.7 (+75.0) |" in text
 
-    assert report.main([*argv, "--results", f"mujoco-1m={results_1m}"]) == 0
+    assert report_cli.main([*argv, "--results", f"mujoco-1m={results_1m}"]) == 0
     text = out.read_text()
     assert "### Pendulum-v1, suite `issue`" in text and "### Hopper-v5, suite `mujoco-1m`" in text
     for suite, env in (("issue", "Pendulum-v1"), ("mujoco-1m", "Hopper-v5")):
@@ -828,7 +838,7 @@ def test_report_covers_several_suites_segments_and_mixed_machines(fixture_result
 
 
 def _summary(algo: str, iqm: float) -> object:
-    return report.Summary(algo, [0, 1, 2], 1_000_000, np.array([iqm] * 3), iqm, (iqm, iqm), [], 1.0, 1.0, ("m",))
+    return stats.Summary(algo, [0, 1, 2], 1_000_000, np.array([iqm] * 3), iqm, (iqm, iqm), [], 1.0, 1.0, ("m",))
 
 
 def test_mujoco_1m_goal_from_the_numbers():
@@ -843,7 +853,7 @@ def test_mujoco_1m_goal_from_the_numbers():
     complete = {"Hopper-v5": True, "Walker2d-v5": True}
 
     def table(**changes):
-        return "\n".join(report.targets_1m_section("mujoco-1m", summaries, found, {**complete, **changes}))
+        return "\n".join(targets.targets_1m_section("mujoco-1m", summaries, found, {**complete, **changes}))
 
     text = table()
     assert "| Hopper-v5 (`ppo_ext_kl`) | met | 2600.0 vs `ppo` 2000.0 (+600.0), `trpo` 2500.0 (+100.0) |" in text
@@ -872,30 +882,30 @@ def test_mujoco_1m_goal_from_the_numbers():
 
 def test_report_names_runs_recorded_with_an_earlier_entry(tmp_path):
     results = tmp_path / "results"
-    spec = benchmark.RunSpec("Pendulum-v1", "ppo_ext_kl", 0, 30_000, 10_000, 10, str(results))
-    current = benchmark.expected_hyperparams(spec)
+    spec = records.RunSpec("Pendulum-v1", "ppo_ext_kl", 0, 30_000, 10_000, 10, str(results))
+    current = entries.expected_hyperparams(spec)
     for seed in (0, 1, 2):
         _write_fixture_run(results, "ppo_ext_kl", seed, [-1000.0, -500.0], fps=1000.0, hyperparams=current)
-    assert report.earlier_settings_section(report.SuiteResults("issue", results, report.load_runs(results))) == []
+    assert sections.earlier_settings_section(report.SuiteResults("issue", results, records.load_runs(results))) == []
     # Seeds 1 and 2 ran before the entry's learning rate and n_envs changed.
     earlier = {**current, "learning_rate": "0.01", "n_envs": "8"}
     for seed in (1, 2):
         _write_fixture_run(results, "ppo_ext_kl", seed, [-1000.0, -500.0], fps=1000.0, hyperparams=earlier)
-    lines = report.earlier_settings_section(report.SuiteResults("issue", results, report.load_runs(results)))
-    assert lines[-1] == f"- Pendulum-v1 `ppo_ext_kl`, seeds 1{report.DASH}2: learning_rate, n_envs"
+    lines = sections.earlier_settings_section(report.SuiteResults("issue", results, records.load_runs(results)))
+    assert lines[-1] == f"- Pendulum-v1 `ppo_ext_kl`, seeds 1{sections.DASH}2: learning_rate, n_envs"
     assert "their numbers are those of the earlier settings" in lines[0]
     # Stale runs do not count toward a complete budget.
-    budget = benchmark.EnvBudget("Pendulum-v1", 30_000, 3, 10_000, ("ppo_ext_kl",))
-    runs = report.load_runs(results)
+    budget = suites.EnvBudget("Pendulum-v1", 30_000, 3, 10_000, ("ppo_ext_kl",))
+    runs = records.load_runs(results)
     stale = report.earlier_settings("issue", runs)
     assert set(stale) == {("Pendulum-v1", "ppo_ext_kl", 1), ("Pendulum-v1", "ppo_ext_kl", 2)}
-    assert report.budget_complete(budget, runs["Pendulum-v1"]) and not report.budget_complete(
+    assert sections.budget_complete(budget, runs["Pendulum-v1"]) and not sections.budget_complete(
         budget, runs["Pendulum-v1"], stale
     )
     # The coverage table counts them per env; a validation suite's shipped-entry runs are exempt.
     suite = report.SuiteResults("issue", results, runs)
     assert suite.uncounted == stale
-    assert "**partial** (2 runs with earlier settings) |" in "\n".join(report.coverage_section(suite))
+    assert "**partial** (2 runs with earlier settings) |" in "\n".join(sections.coverage_section(suite))
     assert report.SuiteResults("tuned-1m", results, runs).uncounted == {}
 
 
@@ -904,7 +914,7 @@ def test_candidate_verdict_from_the_numbers():
     found = {"Hopper-v5": {("ppo_ext_tuned", "ppo_ext_clip"): (0.96, (0.8, 1.0))}}
 
     def table(complete=True):
-        return "\n".join(report.validation_section("tuned-1m", summaries, found, {"Hopper-v5": complete}))
+        return "\n".join(targets.validation_section("tuned-1m", summaries, found, {"Hopper-v5": complete}))
 
     assert (
         "| Hopper-v5 | **wins**: ship it | IQM 3000.0 [3000.0, 3000.0] vs 1000.0 [1000.0, 1000.0] (+2000.0); P = 0.96"
@@ -923,56 +933,56 @@ def test_candidate_verdict_from_the_numbers():
 def test_improvements_compare_the_candidate_with_the_shipped_entry(fast_rliable):
     runs = [_summary("ppo", 900.0), _summary("ppo_ext_clip", 1000.0), _summary("ppo_ext_tuned", 3000.0)]
     runs = [dataclasses.replace(s, finals=s.finals + np.arange(3)) for s in runs]
-    found = report.improvements(runs)
+    found = stats.improvements(runs)
     assert set(found) == {("ppo_ext_clip", "ppo"), ("ppo_ext_tuned", "ppo"), ("ppo_ext_tuned", "ppo_ext_clip")}
     assert found["ppo_ext_tuned", "ppo_ext_clip"][0] == pytest.approx(1.0)
-    table = "\n".join(report.improvement_table(runs, found))
+    table = "\n".join(sections.improvement_table(runs, found))
     assert "| algorithm X | P(X > `ppo`) | 95 % CI | P(X > `ppo_ext_clip`) | 95 % CI |" in table
     assert "| `ppo_ext_clip` | 1.00 | [1.00, 1.00] | — | — |" in table
     assert "| `ppo_ext_tuned` | 1.00 | [1.00, 1.00] | 1.00 | [1.00, 1.00] |" in table
 
 
 def test_report_results_and_keep_data_arguments(tmp_path, capsys):
-    assert report.parse_results(["issue=a", "mujoco-1m=b"], "issue") == [("issue", Path("a")), ("mujoco-1m", Path("b"))]
-    assert report.parse_results(["x"], "pendulum") == [("pendulum", Path("x"))]  # a folder alone: --suite's
-    assert report.parse_results(None, "issue") == [("issue", Path("logs/benchmark"))]
+    assert report_cli.parse_results(["issue=a", "mujoco-1m=b"], "issue") == [("issue", Path("a")), ("mujoco-1m", Path("b"))]
+    assert report_cli.parse_results(["x"], "pendulum") == [("pendulum", Path("x"))]  # a folder alone: --suite's
+    assert report_cli.parse_results(None, "issue") == [("issue", Path("logs/benchmark"))]
     with pytest.raises(ValueError, match="unknown suite 'nosuch'"):
-        report.parse_results(["nosuch=x"], "issue")
+        report_cli.parse_results(["nosuch=x"], "issue")
     with pytest.raises(ValueError, match="more than one results folder"):
-        report.parse_results(["issue=a", "b"], "issue")
-    assert report.parse_keep_data(None, ["issue", "mujoco-1m"]) == {
+        report_cli.parse_results(["issue=a", "b"], "issue")
+    assert report_cli.parse_keep_data(None, ["issue", "mujoco-1m"]) == {
         "issue": Path("docs/benchmarks/data"),
         "mujoco-1m": Path("docs/benchmarks/data-1m"),
     }
-    assert report.parse_keep_data([""], ["issue", "mujoco-1m"]) == {}
-    assert report.parse_keep_data(["d"], ["issue"]) == {"issue": Path("d")}
-    assert report.parse_keep_data(["mujoco-1m=e"], ["issue", "mujoco-1m"]) == {"mujoco-1m": Path("e")}
+    assert report_cli.parse_keep_data([""], ["issue", "mujoco-1m"]) == {}
+    assert report_cli.parse_keep_data(["d"], ["issue"]) == {"issue": Path("d")}
+    assert report_cli.parse_keep_data(["mujoco-1m=e"], ["issue", "mujoco-1m"]) == {"mujoco-1m": Path("e")}
     with pytest.raises(ValueError, match="give SUITE=FOLDER"):
-        report.parse_keep_data(["d"], ["issue", "mujoco-1m"])
-    assert report.main(["--results", "nosuch=x", "--out", str(tmp_path / "r.md")]) == 2
+        report_cli.parse_keep_data(["d"], ["issue", "mujoco-1m"])
+    assert report_cli.main(["--results", "nosuch=x", "--out", str(tmp_path / "r.md")]) == 2
     assert "unknown suite" in capsys.readouterr().err
     # No suite with a finished run: no report.
     argv = ["--results", f"issue={tmp_path / 'a'}", "--results", f"mujoco-1m={tmp_path / 'b'}", "--keep-data", ""]
-    assert report.main([*argv, "--out", str(tmp_path / "r.md")]) == 1
+    assert report_cli.main([*argv, "--out", str(tmp_path / "r.md")]) == 1
     assert "no finished runs" in capsys.readouterr().err and not (tmp_path / "r.md").exists()
 
 
 def test_run_lock_keeps_a_second_writer_out_of_a_running_run(tmp_path, capsys):
     """While one process runs a spec, another one neither trains it nor touches its files."""
-    spec = benchmark.RunSpec("Pendulum-v1", "ppo", 0, 2048, 1024, 2, str(tmp_path))
+    spec = records.RunSpec("Pendulum-v1", "ppo", 0, 2048, 1024, 2, str(tmp_path))
     spec.stem.parent.mkdir(parents=True)
     spec.csv_path.write_text("evaluations of the running run\n")
     spec.marker_path.write_text("{}")
-    with benchmark.run_lock(spec):
-        with pytest.raises(benchmark.RunInProgressError, match=rf"Pendulum-v1 ppo seed 0 is being run .*pid {os.getpid()}"):
-            benchmark.run_one(spec)
+    with runner.run_lock(spec):
+        with pytest.raises(runner.RunInProgressError, match=rf"Pendulum-v1 ppo seed 0 is being run .*pid {os.getpid()}"):
+            runner.run_one(spec)
         # The matrix reports it and moves on (the marker is not a finished one: "{}" has no budget).
-        assert benchmark.run_matrix([spec], workers=1) == 1
+        assert runner.run_matrix([spec], workers=1) == 1
         assert "SKIPPED Pendulum-v1 ppo seed 0" in capsys.readouterr().out
     assert spec.csv_path.read_text() == "evaluations of the running run\n" and spec.marker_path.read_text() == "{}"
     assert not spec.csv_path.with_suffix(".csv.tmp").exists()
     # The lock went with its holder: a lock file left behind (a killed run) does not block.
-    with benchmark.run_lock(spec):
+    with runner.run_lock(spec):
         pass
 
 
@@ -1029,40 +1039,39 @@ def test_report_refuses_a_corrupt_csv(fixture_results, tmp_path, capsys):
     lines = csv_path.read_text().splitlines()
     csv_path.write_text("\n".join([lines[0], lines[1], lines[3], lines[2], *lines[4:]]) + "\n")
     out = tmp_path / "BENCHMARKS.md"
-    argv = ["--results", str(fixture_results), "--out", str(out), "--figures", str(tmp_path), "--keep-data", ""]
-    assert report.main(argv) == 1
+    argv = ["--results", str(fixture_results), "--out", str(out), "--keep-data", ""]
+    argv += ["--figures", str(tmp_path), "--no-figures"]  # the text is checked here, the figures elsewhere
+    assert report_cli.main(argv) == 1
     assert f"{csv_path}: evaluation steps are not increasing: [0, 20000, 10000, 30000]" in capsys.readouterr().err
     csv_path.write_text("\n".join([lines[0], lines[1], "19.7277,10,840.270,190.4", *lines[2:]]) + "\n")
-    assert report.main(argv) == 1
+    assert report_cli.main(argv) == 1
     assert f"{csv_path}: not a readable benchmark CSV" in capsys.readouterr().err
     assert not out.exists()
 
 
 def test_masked_suite_trains_stock_ppo_at_the_shipped_masked_entry():
     """Suite masked: the same seeds and budget for the three algorithms; stock PPO gets ppo_mask_ext.yml's settings."""
-    specs = benchmark.build_matrix(benchmark.parse_args(["--suite", "masked"]))
+    specs = runner.build_matrix(benchmark_cli.parse_args(["--suite", "masked"]))
     for env in ("Taxi-v4", "InvalidActionEnvDiscrete-v0"):
         by_algo: dict[str, list] = {}
         for spec in specs:
             if spec.env == env:
                 by_algo.setdefault(spec.algo, []).append((spec.seed, spec.steps, spec.eval_freq))
-        assert set(by_algo) == set(benchmark.MASKED) and len({tuple(runs) for runs in by_algo.values()}) == 1
+        assert set(by_algo) == set(suites.MASKED) and len({tuple(runs) for runs in by_algo.values()}) == 1
         assert len(by_algo["ppo_unmasked"]) == 5
     from sb3_ppo_ext import settings
 
     taxi = settings.load_hyperparams("Taxi-v4", settings.ALGORITHMS["ppo_mask_ext"].hyperparams, "ppo_mask_ext")
-    unmasked = benchmark.expected_hyperparams(
+    unmasked = entries.expected_hyperparams(
         next(spec for spec in specs if spec.algo == "ppo_unmasked" and spec.env == "Taxi-v4")
     )
-    assert unmasked == benchmark._comparable({key: repr(value) for key, value in taxi.items()})
-    kl = benchmark.expected_hyperparams(
-        next(spec for spec in specs if spec.algo == "ppo_mask_ext_kl" and spec.env == "Taxi-v4")
-    )
+    assert unmasked == entries._comparable({key: repr(value) for key, value in taxi.items()})
+    kl = entries.expected_hyperparams(next(spec for spec in specs if spec.algo == "ppo_mask_ext_kl" and spec.env == "Taxi-v4"))
     assert kl["clip_range"] == "None" and kl["kl_target"] == "0.01" and kl["n_envs"] == unmasked["n_envs"] == "8"
 
 
 def head_summary(algo, iqm):
-    return report.Summary(algo, [0], 1000, np.array([iqm]), iqm, (iqm - 10, iqm + 10), [], 1.0, 1.0, ("here",))
+    return stats.Summary(algo, [0], 1000, np.array([iqm]), iqm, (iqm - 10, iqm + 10), [], 1.0, 1.0, ("here",))
 
 
 def test_heads_section_judges_each_pair_by_its_probability_of_improvement():
@@ -1080,18 +1089,18 @@ def test_heads_section_judges_each_pair_by_its_probability_of_improvement():
             ("ppo_ext_beta", "ppo_ext_clip"): (0.45, (0.2, 0.7)),
         }
     }
-    lines = report.heads_section("heads", summaries, found, {"Pendulum-v1": True})
+    lines = targets.heads_section("heads", summaries, found, {"Pendulum-v1": True})
     rows = {line.split(" | ")[1].split(" (")[0] + " / " + line.split(" | ")[2].split(" (")[0]: line for line in lines[2:]}
     assert rows["squashed Gaussian / clipped Gaussian"].endswith("| better |")
     assert "+100.0 (-200.0 vs -300.0)" in rows["squashed Gaussian / clipped Gaussian"]
     assert rows["Beta / squashed Gaussian"].endswith("| not distinguishable |")
     assert any("MountainCarContinuous-v0 | — | — | — | — | not measured yet" in line for line in lines)
-    incomplete = report.heads_section("heads", summaries, found, {"Pendulum-v1": False})
+    incomplete = targets.heads_section("heads", summaries, found, {"Pendulum-v1": False})
     assert any("Pendulum-v1 | — |" in line and "runs incomplete" in line for line in incomplete)
 
 
 def test_fast_suite_runs_fast_mode_beside_the_shipped_entry_on_the_same_seeds():
-    specs = benchmark.build_matrix(benchmark.parse_args(["--suite", "fast"]))
+    specs = runner.build_matrix(benchmark_cli.parse_args(["--suite", "fast"]))
     assert {spec.env for spec in specs} == {"Pendulum-v1", "LunarLanderContinuous-v3"}
     for env in ("Pendulum-v1", "LunarLanderContinuous-v3"):
         by_algo: dict[str, list] = {}
@@ -1100,12 +1109,12 @@ def test_fast_suite_runs_fast_mode_beside_the_shipped_entry_on_the_same_seeds():
                 by_algo.setdefault(spec.algo, []).append((spec.seed, spec.steps, spec.eval_freq))
         assert set(by_algo) == {"ppo_ext_clip", "ppo_ext_fast"} and len({tuple(r) for r in by_algo.values()}) == 1
         assert len(by_algo["ppo_ext_fast"]) == 10
-    assert benchmark._zoo_overrides("Pendulum-v1", benchmark.ALGOS["ppo_ext_fast"][1])["policy_kwargs"]["fast"] is True
+    assert entries.zoo_overrides("Pendulum-v1", suites.ALGOS["ppo_ext_fast"][1])["policy_kwargs"]["fast"] is True
 
 
 def _curve_runs(algo, finals, curve_offset=0.0):
     return [
-        report.Run(
+        records.Run(
             "Pendulum-v1",
             algo,
             seed,
@@ -1130,7 +1139,7 @@ def test_fast_section_compares_the_final_iqms_and_every_evaluation_of_the_curves
     for summary in summaries["Pendulum-v1"]:
         summary.seeds[:] = list(range(5))
     found = {"Pendulum-v1": {("ppo_ext_fast", "ppo_ext_clip"): (0.5, (0.2, 0.8))}}
-    lines = report.fast_section(suite, summaries, found, {"Pendulum-v1": True})
+    lines = targets.fast_section(suite, summaries, found, {"Pendulum-v1": True})
     (row,) = [line for line in lines if line.startswith("| Pendulum-v1")]
     assert row.endswith(f"| {overlapping} | {verdict} |") and "| 5 + 5 |" in row and "0.50 [0.20, 0.80]" in row
     assert any("LunarLanderContinuous-v3 | — |" in line and "not measured yet" in line for line in lines)
@@ -1140,4 +1149,30 @@ def test_interquartile_mean_is_rliables_iqm():
     from rliable import metrics
 
     scores = np.array([[-900.0, 3.0, 7.5, 1.0, -2.0, 40.0, 11.0, 0.5]]).T  # runs x 1 task, as rliable takes them
-    assert report.interquartile_mean(scores[:, 0]) == pytest.approx(metrics.aggregate_iqm(scores))
+    assert stats.interquartile_mean(scores[:, 0]) == pytest.approx(metrics.aggregate_iqm(scores))
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _regeneration_arguments() -> list[str]:
+    """
+    The arguments of the command that docs/BENCHMARKS.md gives last, to rebuild it from the committed inputs
+    alone (its Reproduce section), with the shell's globs expanded (from the repository).
+    """
+    text = (REPO / "docs" / "BENCHMARKS.md").read_text()
+    command = text.split("# or rebuild this report from the committed inputs alone:\n", 1)[1].split("\n```", 1)[0]
+    words = shlex.split(command.replace("\\\n", " "))
+    assert words[:2] == ["python", "scripts/benchmark_report.py"], words
+    return [found for word in words[2:] for found in (sorted(glob.glob(word, root_dir=REPO)) if "*" in word else [word])]
+
+
+@pytest.mark.integration  # the report's statistics at their full resample counts: about 2 CPU-minutes
+def test_committed_report_regenerates_byte_identically(tmp_path, monkeypatch, rliable_stats):
+    """docs/BENCHMARKS.md is what its own regeneration command writes from docs/benchmarks/ (figures not drawn)."""
+    monkeypatch.chdir(REPO)  # the command's paths are the repository's, as the report prints them
+    out = tmp_path / "BENCHMARKS.md"  # beside figures/ as docs/BENCHMARKS.md is: the same figure paths
+    figures = tmp_path / "benchmarks" / "figures"
+    assert report_cli.main([*_regeneration_arguments(), "--out", str(out), "--figures", str(figures), "--no-figures"]) == 0
+    assert out.read_bytes() == (REPO / "docs" / "BENCHMARKS.md").read_bytes()
+    assert not figures.exists()

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch as th
-from test_benchmark import SCRIPTS, benchmark  # the script module, loaded once
+from benchmarks import checkpoints, records, runner, suites
+from test_benchmark import SCRIPTS
 
 # Pendulum with the shipped entry's adaptive-KL variant, small rollouts (128 steps, one env) and
 # VecNormalize, so that a 1024-step run has eight updates, beta moves and statistics accumulate.
@@ -40,8 +41,8 @@ TINY = (
 
 @pytest.fixture
 def tiny(monkeypatch, tmp_path):
-    monkeypatch.setitem(benchmark.ALGOS, "tiny_kl", TINY)
-    return benchmark.RunSpec("Pendulum-v1", "tiny_kl", 0, 1024, 256, 1, str(tmp_path / "a"), machine="first machine")
+    monkeypatch.setitem(suites.ALGOS, "tiny_kl", TINY)
+    return records.RunSpec("Pendulum-v1", "tiny_kl", 0, 1024, 256, 1, str(tmp_path / "a"), machine="first machine")
 
 
 def _rows(spec) -> list[dict[str, str]]:
@@ -57,14 +58,14 @@ def _returns(rows) -> list[tuple[int, str]]:
 def test_paused_run_continues_from_its_checkpoint(tiny, tmp_path, monkeypatch):
     # Uninterrupted, for reference.
     whole = dataclasses.replace(tiny, out=str(tmp_path / "whole"))
-    benchmark.run_one(whole)
+    runner.run_one(whole)
     whole_rows = _returns(_rows(whole))
     assert [step for step, _ in whole_rows] == [0, 256, 512, 768, 1024]
 
-    paused = benchmark.run_one(dataclasses.replace(tiny, segment_steps=384))
+    paused = runner.run_one(dataclasses.replace(tiny, segment_steps=384))
     assert paused == {"paused": True, "timesteps": 384, "resumed": "no checkpoint"}
     assert not tiny.marker_path.exists() and not tiny.csv_path.exists()
-    state, why = benchmark.read_checkpoint(tiny)
+    state, why = checkpoints.read_checkpoint(tiny)
     assert why == "checkpoint at 384 steps" and state["timesteps"] == 384
     # Evaluations up to the checkpoint are in it, and equal to the uninterrupted run's (same process so far).
     assert [(row[0], f"{row[1]:.6g}") for row in state["rows"]] == whole_rows[:2]
@@ -80,7 +81,7 @@ def test_paused_run_continues_from_its_checkpoint(tiny, tmp_path, monkeypatch):
     assert arrays["obs_rms.count"] > 384 and arrays["ret_rms.count"] > 384 and arrays["obs_rms.mean"].shape == (3,)
 
     restored = {}
-    original_restore = benchmark._restore
+    original_restore = checkpoints.restore
 
     def spy(model, state, spec, eval_env):
         model = original_restore(model, state, spec, eval_env)
@@ -97,8 +98,8 @@ def test_paused_run_continues_from_its_checkpoint(tiny, tmp_path, monkeypatch):
         )
         return model
 
-    monkeypatch.setattr(benchmark, "_restore", spy)
-    marker = benchmark.run_one(dataclasses.replace(tiny, machine="second machine"))
+    monkeypatch.setattr(checkpoints, "restore", spy)
+    marker = runner.run_one(dataclasses.replace(tiny, machine="second machine"))
     assert restored["beta"] == checkpointed.current_kl_coef and restored["steps"] == 384
     np.testing.assert_array_equal(restored["mean"], arrays["obs_rms.mean"])
     assert restored["count"] == arrays["obs_rms.count"]
@@ -120,51 +121,51 @@ def test_paused_run_continues_from_its_checkpoint(tiny, tmp_path, monkeypatch):
     assert all(part["revision"] == marker["sb3_ppo_ext_revision"] for part in marker["segments"])
     assert marker["total_wall_time_s"] == pytest.approx(sum(part["wall_time_s"] for part in marker["segments"]))
     assert not tiny.checkpoint_path.exists()  # finished: the CSV and marker are the result
-    assert benchmark.is_finished(tiny)
+    assert runner.is_finished(tiny)
 
     # Segmented the same way again: the continuation is deterministic.
     again = dataclasses.replace(tiny, out=str(tmp_path / "again"))
-    benchmark.run_one(dataclasses.replace(again, segment_steps=384))
-    benchmark.run_one(again)
+    runner.run_one(dataclasses.replace(again, segment_steps=384))
+    runner.run_one(again)
     assert _returns(_rows(again)) == _returns(rows)
 
 
 def test_checkpoint_of_other_settings_or_unreadable_is_not_continued(tiny):
-    benchmark.run_one(dataclasses.replace(tiny, segment_steps=256))
-    assert benchmark.read_checkpoint(tiny)[0]["timesteps"] == 256
+    runner.run_one(dataclasses.replace(tiny, segment_steps=256))
+    assert checkpoints.read_checkpoint(tiny)[0]["timesteps"] == 256
     # Another budget (here: evaluation episodes) is another run: not mixed with this one.
     other = dataclasses.replace(tiny, eval_episodes=2)
-    state, why = benchmark.read_checkpoint(other)
+    state, why = checkpoints.read_checkpoint(other)
     assert state is None and "changed since checkpoint" in why
-    marker = benchmark.run_one(other)
+    marker = runner.run_one(other)
     assert [part["from_timesteps"] for part in marker["segments"]] == [0]
     assert marker["budget"]["eval_episodes"] == 2 and not tiny.checkpoint_path.exists()
 
     # A checkpoint cut short (or any foreign file) is reported and the run starts over.
-    benchmark.run_one(dataclasses.replace(tiny, segment_steps=256))
+    runner.run_one(dataclasses.replace(tiny, segment_steps=256))
     tiny.checkpoint_path.write_bytes(tiny.checkpoint_path.read_bytes()[:1000])
-    state, why = benchmark.read_checkpoint(tiny)
+    state, why = checkpoints.read_checkpoint(tiny)
     assert state is None and "is unreadable" in why
     with zipfile.ZipFile(tiny.checkpoint_path, "w") as archive:
         archive.writestr("state.json", json.dumps({"format": 0}))
-    assert "not a format-1" in benchmark.read_checkpoint(tiny)[1]
-    marker = benchmark.run_one(tiny)
+    assert "not a format-1" in checkpoints.read_checkpoint(tiny)[1]
+    marker = runner.run_one(tiny)
     assert [part["from_timesteps"] for part in marker["segments"]] == [0]
 
 
 def test_past_deadline_starts_nothing_and_keeps_the_files(tiny):
-    benchmark.run_one(dataclasses.replace(tiny, segment_steps=256))
+    runner.run_one(dataclasses.replace(tiny, segment_steps=256))
     files = {path: path.read_bytes() for path in Path(tiny.out).rglob("*") if path.is_file() and path.suffix != ".log"}
-    result = benchmark.run_one(dataclasses.replace(tiny, deadline=time.time() - 1))
+    result = runner.run_one(dataclasses.replace(tiny, deadline=time.time() - 1))
     assert result["paused"] and result["started"] is False and result["timesteps"] == 256
-    assert benchmark.pause_line("run", result) == (
+    assert runner.pause_line("run", result) == (
         "NOT RUN run (the --stop-after deadline passed first; stays at its checkpoint of 256 steps)"
     )
     assert {path: path.read_bytes() for path in files} == files
     fresh = dataclasses.replace(tiny, seed=1, deadline=time.time() - 1)
-    result = benchmark.run_one(fresh)
+    result = runner.run_one(fresh)
     assert result == {"paused": True, "started": False, "timesteps": 0, "resumed": "no checkpoint"}
-    assert benchmark.pause_line("run", result) == "NOT RUN run (the --stop-after deadline passed first; not started)"
+    assert runner.pause_line("run", result) == "NOT RUN run (the --stop-after deadline passed first; not started)"
     assert not fresh.csv_path.with_suffix(".csv.tmp").exists()
 
 
@@ -186,13 +187,13 @@ def test_deadline_pauses_at_the_next_checkpoint(tiny, monkeypatch):
             return 0.0 if self.calls <= 2 else time.time()
 
     clock = Clock()
-    monkeypatch.setattr(benchmark, "time", clock)
+    monkeypatch.setattr(runner, "time", clock)
     long = dataclasses.replace(tiny, steps=1_000_000, deadline=1.0)
-    result = benchmark.run_one(long)
+    result = runner.run_one(long)
     assert clock.calls > 2
-    state, _ = benchmark.read_checkpoint(long)
+    state, _ = checkpoints.read_checkpoint(long)
     assert result["paused"] and 0 < result["timesteps"] == state["timesteps"] < 1_000_000
-    assert benchmark.pause_line("run", result) == f"PAUSED run at {result['timesteps']} steps (checkpointed)"
+    assert runner.pause_line("run", result) == f"PAUSED run at {result['timesteps']} steps (checkpointed)"
     assert result["timesteps"] % 128 == 0  # at a rollout boundary
     assert all(row[0] <= state["timesteps"] for row in state["rows"]) and not long.marker_path.exists()
 
@@ -227,7 +228,7 @@ def test_killed_benchmark_resumes_from_the_last_checkpoint(tmp_path):
     try:
         deadline = time.time() + 240
         while time.time() < deadline:
-            state, _ = benchmark.read_checkpoint(benchmark.RunSpec("Pendulum-v1", "ppo", 0, 16384, 4096, 1, str(out)))
+            state, _ = checkpoints.read_checkpoint(records.RunSpec("Pendulum-v1", "ppo", 0, 16384, 4096, 1, str(out)))
             if state is not None and state["timesteps"] >= 8192:
                 break
             time.sleep(0.2)

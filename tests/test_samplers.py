@@ -367,18 +367,10 @@ def _written(path: Path, text: str) -> Path:
     return path
 
 
-def _load_report_module():
-    """scripts/benchmark_report.py, loaded once (dataclasses look their module up by name in sys.modules)."""
-    if "benchmark_report" not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "scripts" / "benchmark_report.py"
-        spec = importlib.util.spec_from_file_location("benchmark_report", path)
-        sys.modules["benchmark_report"] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules["benchmark_report"]
-
-
 def test_zoo_study_seeds_the_shipped_entry_and_writes_a_tuned_entry(tmp_path):
     """``scripts/zoo_study.py``: the shipped entry is trial 0 (once), the best trial becomes a loadable entry."""
+    from benchmarks.sections import tuned_comments  # the report's reader of # Tuned comments (scripts/benchmarks/)
+
     from sb3_ppo_ext.hyperparams import load_hyperparams
 
     spec = importlib.util.spec_from_file_location(
@@ -401,7 +393,7 @@ def test_zoo_study_seeds_the_shipped_entry_and_writes_a_tuned_entry(tmp_path):
     # Two trials are a lead, not a tuning: marked # Candidate unless the bar is lowered (default 50 finished trials).
     toy = zoo_study.entry_yaml("Pendulum-v1", study, None)
     assert toy.startswith("# Candidate (not tuned: 2 finished trials < 50): best of 2 complete trials")
-    assert "Pendulum-v1" not in _load_report_module().tuned_comments(_written(tmp_path / "toy.yml", toy))
+    assert "Pendulum-v1" not in tuned_comments(_written(tmp_path / "toy.yml", toy))
     text = zoo_study.entry_yaml("Pendulum-v1", study, "python -m rl_zoo3.train --algo ppo_ext -optimize", min_trials=2)
     assert text.startswith("# Tuned: best of 2 complete trials (0 pruned) of study 's': trial 1, -150.0")
     assert "trial 0: -300.0" in text and "study command: python -m rl_zoo3.train" in text

@@ -6,6 +6,8 @@ import statistics
 from pathlib import Path
 
 import pytest
+from benchmarks.sections import throughput_section, throughput_sections  # the report's (scripts/benchmarks/)
+from benchmarks.targets import speed_bars_section, targets_section
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
@@ -20,7 +22,7 @@ def test_gpu_check_self_check_on_cpu(capsys):
 
 
 def test_throughput_json_is_cpu_time_based_and_read_by_the_report(tmp_path, capsys):
-    """A tiny throughput.py run: CPU-time headline, wall clock beside it, and the keys benchmark_report.py reads."""
+    """A tiny throughput.py run: CPU-time headline, wall clock beside it, and the keys the report reads."""
     throughput = runpy.run_path(str(SCRIPTS / "throughput.py"))
     path = tmp_path / "throughput.json"
     argv = ["--steps", "64", "--n-envs", "2", "--n-steps", "32", "--n-epochs", "1", "--repeats", "2", "--warmup", "0"]
@@ -34,8 +36,7 @@ def test_throughput_json_is_cpu_time_based_and_read_by_the_report(tmp_path, caps
         assert len(entry["fps"]) == len(entry["wall"]["fps"]) == 2
         assert entry["best"] == max(entry["fps"]) and entry["median"] == statistics.median(entry["fps"])
         assert entry["wall"]["best"] == max(entry["wall"]["fps"])
-    report = runpy.run_path(str(SCRIPTS / "benchmark_report.py"))
-    lines, ratios = report["throughput_section"](saved)
+    lines, ratios = throughput_section(saved)
     assert set(ratios) >= {"PPOExt, squash on @ Pendulum-v1", "PPOExt, squash off @ Pendulum-v1 (best)"}
     assert "process CPU time" in capsys.readouterr().out and lines
 
@@ -55,7 +56,6 @@ def test_gpu_check_covers_maskable_and_recurrent_on_cpu(capsys):
 def test_throughput_families_and_the_report_targets(tmp_path):
     """--family maskable / recurrent time the Ext class against its upstream class; the report sets their targets."""
     throughput = runpy.run_path(str(SCRIPTS / "throughput.py"))
-    report = runpy.run_path(str(SCRIPTS / "benchmark_report.py"))
     measured = []
     for family, n_steps in (("maskable", 32), ("recurrent", 16)):
         argv = ["--family", family, "--steps", str(2 * n_steps), "--n-envs", "2", "--n-steps", str(n_steps)]
@@ -65,9 +65,9 @@ def test_throughput_families_and_the_report_targets(tmp_path):
         assert reference["ratio_of_medians"] == 1.0
         measured.append(result)
     assert next(iter(measured[0]["variants"])) == "MaskablePPO" and next(iter(measured[1]["variants"])) == "RecurrentPPO"
-    lines, ratios = report["throughput_sections"](measured)
+    lines, ratios = throughput_sections(measured)
     assert "### MaskablePPOExt ÷ MaskablePPO, InvalidActionEnvDiscrete" in lines
-    targets = "\n".join(report["targets_section"]("pendulum", {}, ratios))
+    targets = "\n".join(targets_section("pendulum", {}, ratios))
     assert "| MaskablePPOExt @ InvalidActionEnvDiscrete (all diagnostics on) |" in targets
     assert "| RecurrentPPOExt, squash on @ Pendulum-v1 (all diagnostics on) |" in targets
     assert "| throughput ratio ≥ 0.98 | PPOExt, squash off | not measured yet | — |" in targets
@@ -105,7 +105,6 @@ def test_upstream_suites_pass_with_the_ext_classes():
 def test_workload_measurement_and_the_speed_bars(tmp_path):
     """--workload runs rl-zoo3's settings (normalize included); the report judges issue 22's bars by paired ratios."""
     throughput = runpy.run_path(str(SCRIPTS / "throughput.py"))
-    report = runpy.run_path(str(SCRIPTS / "benchmark_report.py"))
     path = tmp_path / "mc.json"
     argv = ["--workload", "mountaincar", "--steps", "16", "--repeats", "1", "--warmup", "0"]
     result = throughput["main"]([*argv, "--variants", "PPOExt, squash off", "--json", str(path)])
@@ -113,14 +112,14 @@ def test_workload_measurement_and_the_speed_bars(tmp_path):
     assert list(result["variants"]) == ["stock PPO", "PPOExt, squash off"]
     assert result["hyperparams"]["n_steps"] == 8 and result["hyperparams"]["use_sde"] is True
     saved = json.loads(path.read_text())  # schedules and classes are written by name
-    lines = report["speed_bars_section"]([saved])
+    lines = speed_bars_section([saved])
     paired = saved["variants"]["PPOExt, squash off"]["median_of_paired_ratios"]
     status = "met" if paired >= 1.0 else "**missed**"
     assert any(
         line.startswith(f"| mountaincar | PPOExt, squash off | ≥ 1.0 | {paired:.3f} |") and status in line for line in lines
     )
     assert "| hopper | PPOExt, squash off | ≥ 1.2 | not measured yet | — | — |" in lines
-    sections, _ = report["throughput_sections"]([saved])
+    sections, _ = throughput_sections([saved])
     assert any("`--workload mountaincar`" in line for line in sections)
     assert any("python scripts/throughput.py --workload mountaincar --steps 16 --repeats 1" in line for line in sections)
     with pytest.raises(SystemExit):
