@@ -24,9 +24,23 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import FAMILY, Member
+from helpers import FAMILY, REPO_ROOT, Member
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+# The tiers by folder: every test under tests/integration/ is marked integration, under tests/slow/ slow
+# (the default run deselects both, pyproject.toml's addopts); a tier marker anywhere else is an error.
+TIER_FOLDERS = {"integration": REPO_ROOT / "tests" / "integration", "slow": REPO_ROOT / "tests" / "slow"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by the markers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for marker, folder in TIER_FOLDERS.items():
+            if folder in Path(item.path).parents:
+                item.add_marker(getattr(pytest.mark, marker))
+            elif item.get_closest_marker(marker) is not None:
+                raise pytest.UsageError(
+                    f"{item.nodeid} is marked {marker}: move it to tests/{marker}/ (the tier is its folder)"
+                )
 
 
 @pytest.fixture(params=list(FAMILY))

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -25,6 +26,9 @@ from stable_baselines3.common.logger import configure
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 from sb3_ppo_ext import MaskablePPOExt, PPOExt, RecurrentPPOExt
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = REPO_ROOT / "scripts"
 
 # The tiny settings of the unit tests: one short rollout, a few minibatches. Tests that give their own
 # policy_kwargs use TINY; TINY_NET adds a small network.
@@ -194,3 +198,20 @@ def run_and_sigkill(command: list[str], ready: Callable[[], bool], timeout: floa
             process.kill()
         process.communicate(timeout=30)
     assert process.returncode == -signal.SIGKILL
+
+
+HOOK_SWITCH = "SB3_PPO_EXT_NO_ZOO_HOOK"
+
+
+def hook_env(hook: bool) -> dict[str, str]:
+    """This environment for a subprocess with the rl-zoo3 startup hook on or off (one torch thread, no PYTHONPATH)."""
+    env = {k: v for k, v in os.environ.items() if k not in {HOOK_SWITCH, "PYTHONPATH"}}
+    env["OMP_NUM_THREADS"] = "1"
+    if not hook:
+        env[HOOK_SWITCH] = "1"
+    return env
+
+
+def run_with_hook(command: list[str], cwd: Path, hook: bool) -> subprocess.CompletedProcess:
+    """Run ``command`` in ``cwd`` with the startup hook on or off (:func:`hook_env`); its output captured."""
+    return subprocess.run(command, cwd=cwd, env=hook_env(hook), capture_output=True, text=True, timeout=600)

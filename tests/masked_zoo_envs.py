@@ -41,5 +41,7 @@ class OneValidActionEnv(gym.Env):
         return np.arange(N_ACTIONS) == self._state
 
 
-if "OneValidAction-v0" not in gym.registry:
-    gym.register("OneValidAction-v0", entry_point=OneValidActionEnv)
+# The env id of OneValidActionEnv.
+ONE_VALID = "OneValidAction-v0"
+if ONE_VALID not in gym.registry:
+    gym.register(ONE_VALID, entry_point=OneValidActionEnv)

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import dataclasses
-import glob
 import json
 import os
-import shlex
 import shutil
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import benchmark as benchmark_cli  # scripts/benchmark.py (pyproject's pytest pythonpath: scripts/)
@@ -21,75 +16,6 @@ import numpy as np
 import pytest
 import yaml
 from benchmarks import checkpoints, entries, records, report, runner, sections, stats, suites, targets
-
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-
-
-def _run_benchmark(out: Path, *extra: str) -> str:
-    """Run the benchmark script on a tiny Pendulum matrix (one worker process); return its stdout."""
-    command = [
-        sys.executable,
-        str(SCRIPTS / "benchmark.py"),
-        *("--envs", "Pendulum-v1", "--algos", "ppo", "ppo_ext_kl", "--seeds", "2", "--steps", "2048"),
-        *("--eval-freq", "1024", "--eval-episodes", "2", "--workers", "1", "--out", str(out), *extra),
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout
-
-
-@pytest.mark.integration  # benchmark.py in subprocesses
-def test_matrix_writes_csvs_skips_finished_and_reruns_interrupted(tmp_path):
-    out = tmp_path / "results"
-    first = _run_benchmark(out)
-    assert "4 runs, 0 already finished (skipped), 4 to run" in first
-    assert "[4/4]" in first and "ETA" in first
-    finals = {}
-    for algo in ("ppo", "ppo_ext_kl"):
-        for seed in (0, 1):
-            stem = out / "Pendulum-v1" / algo / f"seed{seed}"
-            with open(stem.with_suffix(".csv"), newline="") as file:
-                rows = list(csv.DictReader(file))
-            assert tuple(rows[0]) == records.CSV_FIELDS
-            # step 0, every multiple of eval_freq below the budget, then after the last update: one
-            # rollout of Pendulum's entry is 4 envs x 1024 steps, so training ends at 4096.
-            assert [int(row["timesteps"]) for row in rows] == [0, 1024, 4096]
-            assert all(int(row["episodes"]) == 2 for row in rows)
-            assert all(-2000 < float(row["mean_return"]) < 0 for row in rows)
-            assert float(rows[-1]["wall_time"]) > 0 and float(rows[-1]["fps"]) > 0
-            marker = json.loads(stem.with_suffix(".done.json").read_text())
-            assert marker["budget"] == {"steps": 2048, "eval_freq": 1024, "eval_episodes": 2, "device": "cpu"}
-            assert marker["timesteps"] == 4096 and marker["n_envs"] == 4
-            assert marker["final_mean_return"] == pytest.approx(float(rows[-1]["mean_return"]), rel=1e-5)
-            assert marker["total_wall_time_s"] >= marker["train_time_s"] > 0
-            finals[algo, seed] = marker
-            assert not list(stem.parent.glob("*.tmp"))
-    # Built by rl-zoo3 from each algorithm's own file; the KL variant overrides only the objective.
-    assert finals["ppo", 0]["hyperparams_source"] == "rl_zoo3/hyperparams/ppo.yml: Pendulum-v1"
-    assert finals["ppo_ext_kl", 0]["hyperparams"]["clip_range"] == "None"
-    assert finals["ppo_ext_kl", 0]["hyperparams"]["use_sde"] == "True"
-    assert finals["ppo", 0]["hyperparams"]["clip_range"] == "0.2"
-
-    # A restart skips every finished run and touches no file.
-    mtimes = {path: path.stat().st_mtime_ns for path in out.rglob("*")}
-    second = _run_benchmark(out)
-    assert "4 runs, 4 already finished (skipped), 0 to run" in second
-    assert {path: path.stat().st_mtime_ns for path in out.rglob("*")} == mtimes
-
-    # An interrupted run (partial CSV, no marker) is rerun from scratch; the others are kept.
-    interrupted = out / "Pendulum-v1" / "ppo_ext_kl" / "seed1"
-    interrupted.with_suffix(".done.json").unlink()
-    interrupted.with_suffix(".csv").rename(interrupted.with_suffix(".csv.tmp"))
-    third = _run_benchmark(out)
-    assert "4 runs, 3 already finished (skipped), 1 to run" in third
-    assert "ppo_ext_kl seed 1" in third
-    assert interrupted.with_suffix(".done.json").is_file() and not interrupted.with_suffix(".csv.tmp").exists()
-    rerun = json.loads(interrupted.with_suffix(".done.json").read_text())
-    assert "sb3_ppo_ext_revision" in rerun
-    # Same seed, same settings: the rerun reproduces the interrupted run's evaluation.
-    assert rerun["final_mean_return"] == pytest.approx(finals["ppo_ext_kl", 1]["final_mean_return"], rel=1e-6)
-    kept = out / "Pendulum-v1" / "ppo" / "seed0.csv"
-    assert kept.stat().st_mtime_ns == mtimes[kept]
 
 
 def test_changed_budget_is_not_finished(tmp_path):
@@ -252,26 +178,6 @@ def test_candidate_mistakes_fail_before_any_run(tmp_path):
     # A candidate no run of the matrix uses is a mistake too, not silently ignored.
     with pytest.raises(SystemExit, match="is only used by ppo_ext_tuned, which this matrix does not run"):
         matrix("--suite", "mujoco-1m", "--candidate", str(other))
-
-
-@pytest.mark.integration  # benchmark.py in a subprocess
-def test_candidate_run_trains_with_the_candidate_entry(tmp_path):
-    candidate = tmp_path / "candidate.yml"
-    entry = {"policy": "MlpPolicy", "n_timesteps": 1000, "n_envs": 2, "n_steps": 512, "normalize": False}
-    candidate.write_text("# Tuned: test\n" + yaml.safe_dump({"Pendulum-v1": entry}))
-    out = tmp_path / "results"
-    command = [
-        sys.executable,
-        str(SCRIPTS / "benchmark.py"),
-        *("--envs", "Pendulum-v1", "--algos", "ppo_ext_tuned", "--candidate", str(candidate), "--seeds", "1"),
-        *("--steps", "1024", "--eval-freq", "1024", "--eval-episodes", "1", "--workers", "1", "--out", str(out)),
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    marker = json.loads((out / "Pendulum-v1" / "ppo_ext_tuned" / "seed0.done.json").read_text())
-    assert marker["n_envs"] == 2 and marker["normalize"] is False and marker["timesteps"] == 1024
-    assert marker["hyperparams"]["n_steps"] == "512"
-    assert marker["hyperparams_source"] == f"{candidate.resolve()}: Pendulum-v1 (candidate entry)"
 
 
 def test_tanh_variant_changes_only_the_activation():
@@ -986,53 +892,6 @@ def test_run_lock_keeps_a_second_writer_out_of_a_running_run(tmp_path, capsys):
         pass
 
 
-@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads worker pids from /proc")
-@pytest.mark.integration  # SIGKILL of a benchmark process
-def test_workers_exit_when_the_benchmark_process_is_killed(tmp_path):
-    """A SIGKILLed benchmark leaves no worker behind that would go on writing its run's files."""
-    out = tmp_path / "results"
-    command = [
-        sys.executable,
-        str(SCRIPTS / "benchmark.py"),
-        *("--envs", "Pendulum-v1", "--algos", "ppo", "--seeds", "1", "--steps", "1000000"),
-        *("--eval-freq", "100000", "--eval-episodes", "2", "--workers", "1", "--out", str(out)),
-    ]
-    parent = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    log = out / "Pendulum-v1" / "ppo" / "seed0.log"
-    deadline = time.monotonic() + 120
-    while not log.is_file() and time.monotonic() < deadline:  # the worker has started the run
-        time.sleep(0.2)
-    assert log.is_file()
-
-    def children() -> list[int]:
-        pids = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            with contextlib.suppress(OSError):
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-                if int(fields[1]) == parent.pid:
-                    pids.append(int(stat.parent.name))
-        return pids
-
-    workers = children()
-    assert workers
-    parent.kill()
-    parent.wait()
-    deadline = time.monotonic() + 30
-    alive = workers
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.2)
-        alive = [pid for pid in alive if Path(f"/proc/{pid}").exists() and "Z" not in _proc_state(pid)]
-    assert not alive, f"workers {alive} outlived the killed benchmark"
-    assert not (out / "Pendulum-v1" / "ppo" / "seed0.done.json").exists()
-
-
-def _proc_state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "Z"
-
-
 def test_report_refuses_a_corrupt_csv(fixture_results, tmp_path, capsys):
     """Rows of two writers interleaved (steps out of order, a torn line): an error naming the file, no report."""
     csv_path = fixture_results / "Pendulum-v1" / "ppo" / "seed1.csv"
@@ -1150,29 +1009,3 @@ def test_interquartile_mean_is_rliables_iqm():
 
     scores = np.array([[-900.0, 3.0, 7.5, 1.0, -2.0, 40.0, 11.0, 0.5]]).T  # runs x 1 task, as rliable takes them
     assert stats.interquartile_mean(scores[:, 0]) == pytest.approx(metrics.aggregate_iqm(scores))
-
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _regeneration_arguments() -> list[str]:
-    """
-    The arguments of the command that docs/BENCHMARKS.md gives last, to rebuild it from the committed inputs
-    alone (its Reproduce section), with the shell's globs expanded (from the repository).
-    """
-    text = (REPO / "docs" / "BENCHMARKS.md").read_text()
-    command = text.split("# or rebuild this report from the committed inputs alone:\n", 1)[1].split("\n```", 1)[0]
-    words = shlex.split(command.replace("\\\n", " "))
-    assert words[:2] == ["python", "scripts/benchmark_report.py"], words
-    return [found for word in words[2:] for found in (sorted(glob.glob(word, root_dir=REPO)) if "*" in word else [word])]
-
-
-@pytest.mark.integration  # the report's statistics at their full resample counts: about 2 CPU-minutes
-def test_committed_report_regenerates_byte_identically(tmp_path, monkeypatch, rliable_stats):
-    """docs/BENCHMARKS.md is what its own regeneration command writes from docs/benchmarks/ (figures not drawn)."""
-    monkeypatch.chdir(REPO)  # the command's paths are the repository's, as the report prints them
-    out = tmp_path / "BENCHMARKS.md"  # beside figures/ as docs/BENCHMARKS.md is: the same figure paths
-    figures = tmp_path / "benchmarks" / "figures"
-    assert report_cli.main([*_regeneration_arguments(), "--out", str(out), "--figures", str(figures), "--no-figures"]) == 0
-    assert out.read_bytes() == (REPO / "docs" / "BENCHMARKS.md").read_bytes()
-    assert not figures.exists()

@@ -7,10 +7,6 @@ import dataclasses
 import io
 import itertools
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 import zipfile
 from pathlib import Path
@@ -19,7 +15,6 @@ import numpy as np
 import pytest
 import torch as th
 from benchmarks import checkpoints, records, runner, suites
-from test_benchmark import SCRIPTS
 
 # Pendulum with the shipped entry's adaptive-KL variant, small rollouts (128 steps, one env) and
 # VecNormalize, so that a 1024-step run has eight updates, beta moves and statistics accumulate.
@@ -196,55 +191,3 @@ def test_deadline_pauses_at_the_next_checkpoint(tiny, monkeypatch):
     assert runner.pause_line("run", result) == f"PAUSED run at {result['timesteps']} steps (checkpointed)"
     assert result["timesteps"] % 128 == 0  # at a rollout boundary
     assert all(row[0] <= state["timesteps"] for row in state["rows"]) and not long.marker_path.exists()
-
-
-def _benchmark_command(out: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        str(SCRIPTS / "benchmark.py"),
-        *("--envs", "Pendulum-v1", "--algos", "ppo", "--seeds", "1", "--steps", "16384", "--eval-freq", "4096"),
-        *("--eval-episodes", "1", "--workers", "1", "--out", str(out), *extra),
-    ]
-
-
-@pytest.mark.integration  # benchmark.py in subprocesses
-def test_killed_benchmark_resumes_from_the_last_checkpoint(tmp_path):
-    out = tmp_path / "results"
-    stem = out / "Pendulum-v1" / "ppo" / "seed0"
-    # Paused by --segment-steps: exit 0, the run's progress listed.
-    paused = subprocess.run(_benchmark_command(out, "--segment-steps", "4096"), capture_output=True, text=True, timeout=300)
-    assert paused.returncode == 0, paused.stdout + paused.stderr
-    assert "PAUSED Pendulum-v1 ppo seed 0 at 4096 steps" in paused.stdout
-    listed = subprocess.run(_benchmark_command(out, "--list"), capture_output=True, text=True, timeout=120)
-    assert "at 4096 Pendulum-v1 ppo seed 0" in listed.stdout
-
-    # Killed (SIGKILL, whole process group) once a later checkpoint exists.
-    process = subprocess.Popen(
-        _benchmark_command(out, "--machine", "killed"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.time() + 240
-        while time.time() < deadline:
-            state, _ = checkpoints.read_checkpoint(records.RunSpec("Pendulum-v1", "ppo", 0, 16384, 4096, 1, str(out)))
-            if state is not None and state["timesteps"] >= 8192:
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail("no checkpoint at 8192 steps")
-    finally:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-    assert not stem.with_suffix(".done.json").exists()
-
-    finished = subprocess.run(_benchmark_command(out, "--machine", "last"), capture_output=True, text=True, timeout=300)
-    assert finished.returncode == 0, finished.stdout + finished.stderr
-    marker = json.loads(stem.with_suffix(".done.json").read_text())
-    segments = [(part["from_timesteps"], part["machine"]) for part in marker["segments"]]
-    assert segments[0][0] == 0 and segments[-1][1] == "last" and len(segments) == 3
-    assert all(a["to_timesteps"] == b["from_timesteps"] for a, b in itertools.pairwise(marker["segments"]))
-    rows = list(csv.DictReader(open(stem.with_suffix(".csv"), newline="")))
-    assert [int(row["timesteps"]) for row in rows] == [0, 4096, 8192, 12288, 16384]
-    assert not stem.with_suffix(".ckpt").exists() and not list(stem.parent.glob("*.tmp"))

@@ -4,8 +4,6 @@ import csv
 import itertools
 import math
 import os
-import re
-import site
 import subprocess
 import sys
 import warnings
@@ -518,57 +516,6 @@ def test_import_does_not_import_optuna():
 
 
 # ---------------------------------------------------------------- rl-zoo3
-
-
-ZOO_YML = """
-Pendulum-v1:
-  n_timesteps: 128
-  policy: MlpPolicy
-  n_steps: 32
-  batch_size: 32
-  n_epochs: 1
-  policy_kwargs: "dict(net_arch=[16])"
-  callback:
-    - sb3_ppo_ext.callbacks.KLAdaptiveLR: {target_kl: 1.0e-10, lr_factor: 2.0, verbose: 1}
-    - sb3_ppo_ext.callbacks.ParameterScheduler:
-        schedules:
-          ent_coef: {kind: linear, start: 0.01, end: 0.0}
-"""
-
-
-def zoo_train_command():
-    """
-    ``python -m rl_zoo3.train`` where the startup hook that registers ``--algo ppo_ext`` is installed
-    (any ``pip install`` of the package); else the package's no-hook route, which runs the same
-    ``rl_zoo3.train`` module after registering (an editable install made before the hook existed
-    lacks the ``.pth`` file).
-    """
-    if any(os.path.exists(os.path.join(folder, "sb3_ppo_ext_zoo_hook.pth")) for folder in site.getsitepackages()):
-        return [sys.executable, "-m", "rl_zoo3.train"]
-    return [sys.executable, "-m", "sb3_ppo_ext.zoo", "train"]
-
-
-@pytest.mark.integration  # rl-zoo3 in a subprocess
-def test_zoo_yml_callbacks_are_used(tmp_path):
-    command = zoo_train_command()
-    conf = tmp_path / "ppo_ext.yml"
-    conf.write_text(ZOO_YML)
-    command += ["--algo", "ppo_ext", "--env", "Pendulum-v1", "--conf-file", str(conf), "-f", str(tmp_path / "logs")]
-    command += ["--seed", "0", "--verbose", "1", "--eval-freq", "-1"]
-    env = {key: value for key, value in os.environ.items() if key != "SB3_PPO_EXT_NO_ZOO_HOOK"}
-    env["OMP_NUM_THREADS"] = "1"
-    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, check=False, timeout=300)
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-3000:]
-    changes = re.findall(r"KLAdaptiveLR: train/kl=\S+, learning rate \S+ -> (\S+)", output)
-    assert len(changes) == 4, output[-3000:]  # one per update: every KL is above 2 x 1e-10
-    # SB3's stdout table shows schedule/ent_coef as a "schedule/" section with an "ent_coef" row.
-    assert "| schedule/" in output and re.search(r"\|\s+ent_coef\s+\|", output), output[-3000:]
-    saved = list((tmp_path / "logs").rglob("Pendulum-v1.zip"))
-    assert len(saved) == 1
-    # The rate adapted after the last update is the one saved with the model.
-    learning_rate = PPOExt.load(saved[0]).learning_rate
-    assert learning_rate == pytest.approx(float(changes[-1]), rel=1e-2) and learning_rate < 3e-4
 
 
 @pytest.mark.parametrize(

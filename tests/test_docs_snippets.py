@@ -10,7 +10,7 @@ under ``docs/benchmarks/``) is a test case, named ``<file>:<line>``:
   (``python -m rl_zoo3.train``, ``python scripts/x.py``, ``python -m sb3_ppo_ext``, ...) parse the
   command's arguments with their own argparse parser, in this process, and stop right after
   parsing; ``pytest`` commands collect the tests they select; ``sphinx-build`` parses its options
-  (``tests/test_docs_build.py`` runs the build); ``pip install`` checks the extras it names and
+  (``tests/integration/test_docs_build.py`` runs the build); ``pip install`` checks the extras it names and
   the torch pin; commands that set up a machine (``python3 -m venv``, ``activate``, PostgreSQL)
   are listed in :data:`NOT_EXECUTED` with the reason.
 - ``yaml``: rl-zoo3 hyperparameter entries are loaded with the package's checker and their
@@ -39,10 +39,10 @@ import pytest
 import tomllib
 import torch as th
 import yaml
+from helpers import REPO_ROOT
 
 import sb3_ppo_ext
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCS = REPO_ROOT / "docs"
 # docs/benchmarks/ holds the benchmark report's data and notes, not pages of the site.
 DOC_FILES = [

@@ -1,6 +1,6 @@
 """Fault tolerance in one process: atomic saves, corrupt / foreign model files, bad hyperparameter files, hostile envs.
 
-The tests that kill real processes are in ``test_reliability_crash.py``.
+The tests that kill real processes are in ``integration/test_reliability_crash.py``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch as th
 from gymnasium import spaces
-from helpers import TINY_ONE_BATCH, BrokenRewardEnv, pendulum_vec_env
+from helpers import REPO_ROOT, TINY_ONE_BATCH, BrokenRewardEnv, pendulum_vec_env
 from stable_baselines3 import A2C, PPO, SAC
 from stable_baselines3.common import save_util
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
@@ -44,8 +44,6 @@ from sb3_ppo_ext.reliability import (
     temporary_name,
 )
 from sb3_ppo_ext.zoo import ZooConfigError, check_hyperparams
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 th.set_num_threads(1)
 
@@ -737,13 +735,14 @@ def test_clean_up_leaves_a_save_in_progress_in_another_pid_namespace(tmp_path: P
 
 
 def test_the_reliability_table_names_tests_that_exist():
-    """Each ``test_<module>.py::test_<name>`` of docs/RELIABILITY.md is a test function of that module of this suite."""
-    tests = Path(__file__).resolve().parent
-    table = (tests.parent / "docs" / "RELIABILITY.md").read_text()
-    named = set(re.findall(r"\b(test_\w+)\.py::(test_\w+)", table))
-    ours = {(module, name) for module, name in named if (tests / f"{module}.py").exists()}
+    """Each ``[folder/]test_<module>.py::test_<name>`` of docs/RELIABILITY.md is a test function of that module here."""
+    tests = REPO_ROOT / "tests"
+    table = (REPO_ROOT / "docs" / "RELIABILITY.md").read_text()
+    named = set(re.findall(r"\b((?:integration/|slow/)?test_\w+\.py)::(test_\w+)", table))
+    ours = {(module, name) for module, name in named if (tests / module).exists()}
     assert len(ours) >= 40
-    missing = [
-        f"{module}.py::{name}" for module, name in sorted(ours) if f"\ndef {name}(" not in (tests / f"{module}.py").read_text()
-    ]
+    missing = [f"{module}::{name}" for module, name in sorted(ours) if f"\ndef {name}(" not in (tests / module).read_text()]
     assert missing == []
+    # a module named without its folder would not be checked: every module of this suite is named by its path
+    moved = {module for module, _ in named if not (tests / module).exists() and list(tests.rglob(module))}
+    assert moved == set()

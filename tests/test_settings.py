@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import functools
-import os
 import re
-import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from sb3_ppo_ext import MaskablePPOExt, RecurrentPPOExt, settings
 from sb3_ppo_ext.hyperparams import HyperparamsError, load_hyperparams
@@ -170,93 +164,6 @@ def test_settings_are_parameterised_by_the_algorithm_class(
 
 
 # --- the rl-zoo3 route: a subprocess of the development environment (the startup hook is installed) ----------
-
-
-def _zoo(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "rl_zoo3.train", "--algo", "ppo_ext", "-n", "64", "--eval-freq", "-1", *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
-
-
-ZOO_CASES = {
-    "schedule": ("--env Pendulum-v1 --conf-file conf.yml", "conf.yml (entry 'Pendulum-v1'): 'learning_rate: 'abc''"),
-    "not a mapping": ("--env CartPole-v1 --conf-file conf.yml", "conf.yml (entry 'CartPole-v1'): expected a mapping"),
-    "-params typo": ("--env Pendulum-v1 -params n_epoch:2", "in -params: unknown key 'n_epoch' (did you mean 'n_epochs'?)"),
-    "-params float int": ("--env Pendulum-v1 -params n_epochs:2.0", "in -params: 'n_epochs: 2.0' is a float, expected int"),
-    "-params zero": ("--env Pendulum-v1 -params n_envs:0", "in -params: 'n_envs: 0' is invalid"),
-    "-params string bool": (
-        "--env Pendulum-v1 -params policy_kwargs:\"dict(squash_output='false')\"",
-        "in -params: policy_kwargs.squash_output='false' is invalid",
-    ),
-    "unreachable storage": (
-        "--env Pendulum-v1 -optimize --n-trials 1 --storage postgresql://nobody@127.0.0.1:1/x --study-name s",
-        "cannot open Optuna storage postgresql://nobody@127.0.0.1:1/x",
-    ),
-}
-
-
-@pytest.mark.integration
-@pytest.mark.parametrize("case", sorted(ZOO_CASES))
-def test_zoo_route_reports_bad_settings_without_traceback_or_folder(tmp_path: Path, case: str):
-    extra, message = ZOO_CASES[case]
-    (tmp_path / "conf.yml").write_text(
-        yaml.safe_dump({"Pendulum-v1": {"n_timesteps": 64, "policy": "MlpPolicy", "learning_rate": "abc"}, "CartPole-v1": 5})
-    )
-    result = _zoo(tmp_path, *shlex.split(extra))
-    assert result.returncode != 0
-    assert message in result.stderr, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert result.stderr.strip().splitlines()[-1].startswith("error: ")
-    assert not (tmp_path / "logs").exists(), sorted(str(p) for p in (tmp_path / "logs").rglob("*"))
-
-
-@pytest.mark.integration
-def test_zoo_entry_without_n_timesteps_is_a_settings_error_unless_n_is_given(tmp_path: Path):
-    """rl-zoo3 itself ends in KeyError: 'n_timesteps' (even with -n, when it deletes the key)."""
-    (tmp_path / "conf.yml").write_text(
-        yaml.safe_dump({"Pendulum-v1": {"policy": "MlpPolicy", "n_envs": 1, "n_steps": 32, "batch_size": 32, "n_epochs": 1}})
-    )
-    command = [sys.executable, "-m", "rl_zoo3.train", "--algo", "ppo_ext", "--env", "Pendulum-v1", "--eval-freq", "-1"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run = functools.partial(subprocess.run, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
-    result = run([*command, "--conf-file", "conf.yml"])
-    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert result.stderr.strip().splitlines()[-1] == (
-        "error: invalid ppo_ext hyperparameters in conf.yml (entry 'Pendulum-v1'): 'n_timesteps' is missing: "
-        "give the entry a training budget (n_timesteps: 1.0e5) or pass -n"
-    )
-    assert not (tmp_path / "logs").exists()
-    result = run([*command, "--conf-file", "conf.yml", "-n", "32"])
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert (tmp_path / "logs" / "ppo_ext" / "Pendulum-v1_1" / "Pendulum-v1.zip").is_file()
-
-
-@pytest.mark.integration
-@pytest.mark.parametrize(
-    "saved, params, beta",
-    [
-        ({}, "kl_coef:0.5", 0.5),  # the penalty switched on by -params
-        (dict(kl_coef=1.0), "kl_coef:0.1", 0.1),  # a fixed beta is kl_coef
-        (dict(kl_coef=1.0, kl_target=10.0), "kl_coef:1.0 kl_target:10.0", 0.25),  # adapted 0.5 carried on, halved again
-        (dict(kl_coef=1.0, kl_target=10.0), "kl_coef:0.8 kl_target:10.0", 0.4),  # a new kl_coef restarts beta
-    ],
-)
-def test_zoo_continue_with_i_uses_the_beta_rule(tmp_path: Path, saved: dict, params: str, beta: float):
-    """rl-zoo3's -i passes every setting (kl_coef included) to load: the beta that trains follows the one beta rule."""
-    from sb3_ppo_ext import PPOExt
-
-    model = PPOExt("MlpPolicy", "Pendulum-v1", n_steps=32, batch_size=32, n_epochs=1, device="cpu", seed=0, **saved)
-    if "kl_target" in saved:
-        model.learn(32)
-        assert model.current_kl_coef == 0.5
-    model.save(tmp_path / "start.zip")
-    entry = {"policy": "MlpPolicy", "n_timesteps": 32, "n_envs": 1, "n_steps": 32, "batch_size": 32}
-    (tmp_path / "conf.yml").write_text(yaml.safe_dump({"Pendulum-v1": entry}))
-    options = ["--env", "Pendulum-v1", "--conf-file", "conf.yml", "-n", "32", "-i", "start.zip", "-params", *params.split()]
-    result = _zoo(tmp_path, *options)
-    assert result.returncode == 0, result.stderr[-3000:]
-    continued = PPOExt.load(tmp_path / "logs" / "ppo_ext" / "Pendulum-v1_1" / "Pendulum-v1.zip", device="cpu")
-    assert continued.current_kl_coef == beta
 
 
 # The Beta head's and the per-network learning rates' policy_kwargs, judged by the policies' own checks

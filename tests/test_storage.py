@@ -5,14 +5,17 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import optuna
 import pytest
 import tomllib
 from packaging.requirements import Requirement
 from packaging.version import Version
 
 from sb3_ppo_ext import samplers, storage
+from sb3_ppo_ext.samplers import make_storage
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
@@ -117,3 +120,54 @@ def test_trial_budget_callback_fails_a_dead_workers_trial_and_stops_at_the_budge
     assert by_state[optuna.trial.TrialState.FAIL] == [dead.number]
     assert len(by_state[optuna.trial.TrialState.COMPLETE]) == 3  # the budget, all finished
     assert not by_state[optuna.trial.TrialState.RUNNING] and not by_state[optuna.trial.TrialState.WAITING]
+
+
+# The heartbeat of the storage tests, in seconds, and the trial states that count towards a budget.
+HEARTBEAT = 1
+FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+
+
+def test_make_storage_heartbeat_settings_are_checked():
+    with pytest.raises(ValueError, match="heartbeat_interval=-1"):
+        make_storage("sqlite://", heartbeat_interval=-1)
+    with pytest.raises(ValueError, match="max_retry=-2"):
+        make_storage("sqlite://", max_retry=-2)
+    storage = make_storage("sqlite://", heartbeat_interval=5, grace_period=7)
+    assert storage.heartbeat_interval == 5 and storage.grace_period == 7
+    assert make_storage("sqlite://", heartbeat_interval=0).heartbeat_interval is None
+
+
+def test_make_storage_retries_the_table_creation_race(monkeypatch: pytest.MonkeyPatch):
+    """Workers started together on a fresh database race to create Optuna's tables; the loser retries."""
+    from sqlalchemy.exc import IntegrityError
+
+    original, calls = optuna.storages.RDBStorage, []
+
+    def racing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise IntegrityError("INSERT INTO alembic_version", {}, Exception("UNIQUE constraint failed"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", racing)
+    assert make_storage("sqlite://") is not None and len(calls) == 2
+
+
+def test_zoo_budget_count_fails_a_dead_workers_trial_before_rl_zoo3_counts(tmp_path: Path):
+    """The count rl-zoo3 makes before starting: a RUNNING trial whose heartbeat stopped is failed and re-queued first."""
+    from rl_zoo3 import exp_manager
+
+    from sb3_ppo_ext import zoo, zoo_support
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    storage = make_storage(url, heartbeat_interval=HEARTBEAT, grace_period=1)
+    study = optuna.create_study(storage=storage, study_name="s")
+    dead = study.ask()
+    storage.record_heartbeat(dead._trial_id)  # a worker's last heartbeat; it then died
+    time.sleep(2.5)
+    with zoo_support._study_storage(url, storage, exp_manager, max_total_trials=1):
+        study = optuna.create_study(storage=url, study_name="s", load_if_exists=True)
+        assert isinstance(exp_manager.MaxTrialsCallback(1, states=FINISHED), zoo.TrialBudgetCallback)
+    assert exp_manager.MaxTrialsCallback is optuna.study.MaxTrialsCallback
+    states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
+    assert states == {dead.number: optuna.trial.TrialState.FAIL, dead.number + 1: optuna.trial.TrialState.WAITING}

@@ -10,71 +10,11 @@ this process (fast tier).
 
 from __future__ import annotations
 
-import io
-import os
-import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
-
-HOOK_SWITCH = "SB3_PPO_EXT_NO_ZOO_HOOK"
-TRAIN = [sys.executable, "-m", "rl_zoo3.train", "--algo", "ppo", "--seed", "0", "--num-threads", "1", "-f", "logs"]
-CARTPOLE = ["--env", "CartPole-v1", "--eval-episodes", "2", "-params", "n_envs:1", "n_steps:128", "batch_size:64"]
-
-
-def _env(hook: bool) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in {HOOK_SWITCH, "PYTHONPATH"}}
-    env["OMP_NUM_THREADS"] = "1"
-    if not hook:
-        env[HOOK_SWITCH] = "1"
-    return env
-
-
-def _run(command: list[str], cwd: Path, hook: bool) -> subprocess.CompletedProcess:
-    return subprocess.run(command, cwd=cwd, env=_env(hook), capture_output=True, text=True, timeout=600)
-
-
-def _files(folder: Path) -> set[str]:
-    return {str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file()}
-
-
-def _weights(model_zip: Path) -> dict:
-    import torch
-
-    with zipfile.ZipFile(model_zip) as archive:
-        return torch.load(io.BytesIO(archive.read("policy.pth")), map_location="cpu", weights_only=True)
-
-
-def _eval_lines(output: str) -> list[str]:
-    return [line for line in output.splitlines() if line.startswith(("Eval num_timesteps", "Episode length"))]
-
-
-def _assert_same_run(with_hook: Path, without_hook: Path) -> None:
-    """Same files; same evaluations, monitor rows (wall-clock column aside) and weights in every model saved."""
-    files = _files(with_hook / "logs")
-    assert files == _files(without_hook / "logs")
-    assert any(name.endswith(".zip") for name in files)
-    for name in sorted(files):
-        ours, theirs = with_hook / "logs" / name, without_hook / "logs" / name
-        if name.endswith(".npz"):
-            a, b = np.load(ours), np.load(theirs)
-            assert set(a.files) == set(b.files)
-            for key in a.files:
-                np.testing.assert_array_equal(a[key], b[key], err_msg=f"{name}: {key}")
-        elif name.endswith(".zip"):
-            a, b = _weights(ours), _weights(theirs)
-            assert a.keys() == b.keys()
-            for key in a:
-                assert np.array_equal(a[key].numpy(), b[key].numpy()), f"{name}: {key}"
-        elif name.endswith("monitor.csv"):
-            rows = [[line.split(",")[:2] for line in path.read_text().splitlines()[2:]] for path in (ours, theirs)]
-            assert rows[0] == rows[1], name
-        elif name.endswith((".yml", ".txt")):
-            assert ours.read_text() == theirs.read_text(), name
+from helpers import run_with_hook
 
 
 @pytest.fixture(scope="module")
@@ -85,101 +25,7 @@ def hook_states(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, str]:
         "print('ppo_ext' in u.ALGOS, getattr(m.ExperimentManager, '_sb3_ppo_ext_patched', False))"
     )
     cwd = tmp_path_factory.mktemp("probe")
-    return {hook: _run([sys.executable, "-c", probe], cwd, hook).stdout.strip() for hook in (True, False)}
-
-
-@pytest.mark.integration  # rl-zoo3 in subprocesses
-def test_the_hook_switch_toggles_every_seam(hook_states: dict[bool, str]):
-    assert hook_states == {True: "True True", False: "False False"}
-
-
-def _both(tmp_path: Path, command: list[str], prepare=None) -> tuple[Path, Path, dict[bool, subprocess.CompletedProcess]]:
-    folders = {hook: tmp_path / ("with_hook" if hook else "without_hook") for hook in (True, False)}
-    results = {}
-    for hook, folder in folders.items():
-        folder.mkdir()
-        if prepare is not None:
-            prepare(folder)
-        results[hook] = _run(command, folder, hook)
-    return folders[True], folders[False], results
-
-
-@pytest.mark.integration  # rl-zoo3 in subprocesses
-def test_train_with_params_save_freq_and_continue_with_i(tmp_path: Path, hook_states: dict[bool, str]):
-    """``-params``, ``--save-freq``, evaluations, then ``-i <checkpoint>``: identical with and without the package."""
-    train = [*TRAIN, *CARTPOLE, "-n", "512", "--save-freq", "256", "--eval-freq", "256"]
-    with_hook, without_hook, results = _both(tmp_path, train)
-    assert results[True].returncode == results[False].returncode == 0, results[True].stderr[-3000:]
-    assert _eval_lines(results[True].stdout) == _eval_lines(results[False].stdout) != []
-    _assert_same_run(with_hook, without_hook)
-    assert (with_hook / "logs/ppo/CartPole-v1_1/rl_model_256_steps.zip").is_file()
-
-    resume = [*TRAIN, *CARTPOLE, "-n", "256", "--eval-freq", "128", "-i", "logs/ppo/CartPole-v1_1/rl_model_256_steps.zip"]
-    results = {hook: _run(resume, folder, hook) for hook, folder in ((True, with_hook), (False, without_hook))}
-    assert results[True].returncode == results[False].returncode == 0, results[True].stderr[-3000:]
-    assert _eval_lines(results[True].stdout) == _eval_lines(results[False].stdout) != []
-    _assert_same_run(with_hook, without_hook)
-    assert (with_hook / "logs/ppo/CartPole-v1_2/CartPole-v1.zip").is_file()
-
-
-@pytest.mark.integration  # rl-zoo3 in subprocesses
-def test_malformed_params_fail_as_in_rl_zoo3(tmp_path: Path, hook_states: dict[bool, str]):
-    """For ``--algo ppo`` a malformed ``-params`` value is rl-zoo3's own error (our argparse message is for ours only)."""
-    for order in (
-        [*TRAIN, "-params", "n_steps:("],
-        [sys.executable, "-m", "rl_zoo3.train", "-params", "n_steps:(", "--algo", "ppo"],
-    ):
-        folder = tmp_path / str(len(list(tmp_path.iterdir())))
-        folder.mkdir()
-        results = {hook: _run(order, folder, hook) for hook in (True, False)}
-        assert results[True].returncode == results[False].returncode == 1
-        assert results[True].stderr.splitlines()[-1] == results[False].stderr.splitlines()[-1]
-        assert "SyntaxError" in results[True].stderr and "cannot parse" not in results[True].stderr
-    # ... and for ppo_ext it is an argparse error naming the value, wherever --algo stands.
-    command = [sys.executable, "-m", "rl_zoo3.train", "-params", "n_steps:(", "--algo", "ppo_ext"]
-    result = _run(command, tmp_path, hook=True)
-    assert result.returncode == 2 and "cannot parse 'n_steps:('" in result.stderr
-
-
-@pytest.mark.integration  # rl-zoo3 in subprocesses
-def test_optimize(tmp_path: Path, hook_states: dict[bool, str]):
-    """``-optimize`` for two trials (rl-zoo3's own ppo sampler): the same trials, parameters and values."""
-    command = [
-        *TRAIN, "--env", "Pendulum-v1", "-optimize", "--n-trials", "2", "--n-jobs", "1", "-n", "512",
-        "--sampler", "random", "--pruner", "none", "--n-evaluations", "1", "--eval-episodes", "1",
-        "--no-optim-plots", "-params", "n_envs:1",
-    ]  # fmt: skip
-    with_hook, without_hook, results = _both(tmp_path, command)
-    assert results[True].returncode == results[False].returncode == 0, results[True].stderr[-3000:]
-    reports = {}
-    for hook, folder in ((True, with_hook), (False, without_hook)):
-        (report,) = (folder / "logs" / "ppo").glob("report_Pendulum-v1_2-trials-512-random-none_*.csv")
-        frame = pd.read_csv(report)
-        reports[hook] = frame.drop(columns=[c for c in frame.columns if c.startswith(("datetime", "duration"))])
-    assert len(reports[True]) == 2
-    pd.testing.assert_frame_equal(reports[True], reports[False])
-    strip_time = {name.rsplit("_", 1)[0] for name in _files(with_hook / "logs")}
-    assert strip_time == {name.rsplit("_", 1)[0] for name in _files(without_hook / "logs")}
-
-
-@pytest.mark.integration  # rl-zoo3 in subprocesses
-@pytest.mark.parametrize(("algo", "env_id"), [("ppo_lstm", "CartPoleNoVel-v1"), ("trpo", "CartPole-v1")])
-def test_other_zoo_algorithms_train_and_enjoy_as_without_the_package(
-    algo: str, env_id: str, tmp_path: Path, hook_states: dict[bool, str]
-):
-    """rl-zoo3's ``ppo_lstm`` and ``trpo``: train (with evaluations) and ``enjoy``, identical with and without the package."""
-    train = [sys.executable, "-m", "rl_zoo3.train", "--algo", algo, "--seed", "0", "--num-threads", "1", "-f", "logs"]
-    train += ["--env", env_id, "--eval-episodes", "2", "-n", "256", "--eval-freq", "128", "-params", "n_envs:1", "n_steps:128"]
-    with_hook, without_hook, results = _both(tmp_path, train)
-    assert results[True].returncode == results[False].returncode == 0, results[True].stderr[-3000:]
-    assert _eval_lines(results[True].stdout) == _eval_lines(results[False].stdout) != []
-    _assert_same_run(with_hook, without_hook)
-    enjoy = [sys.executable, "-m", "rl_zoo3.enjoy", "--algo", algo, "--env", env_id, "-f", "logs", "-n", "300"]
-    enjoy += ["--no-render", "--seed", "0"]
-    replays = {hook: _run(enjoy, folder, hook) for hook, folder in ((True, with_hook), (False, without_hook))}
-    assert replays[True].returncode == replays[False].returncode == 0, replays[True].stderr[-3000:]
-    assert "Mean reward" in replays[True].stdout
-    assert replays[True].stdout == replays[False].stdout
+    return {hook: run_with_hook([sys.executable, "-c", probe], cwd, hook).stdout.strip() for hook in (True, False)}
 
 
 # --- the same seams in this process (fast tier) --------------------------------------------------
@@ -456,18 +302,6 @@ def test_unreachable_storage_fails_before_any_folder_for_ours(tmp_path: Path):
         with pytest.raises(zoo.ZooConfigError, match=r"cannot open Optuna storage sqlite:///.*unable to open database file"):
             call()
     assert not (tmp_path / "logs").exists() and not (tmp_path / "missing").exists()
-
-
-@pytest.mark.integration  # a fresh interpreter with the startup hook
-def test_the_hook_installs_the_subclass_before_train_binds_it(tmp_path: Path):
-    probe = (
-        "import rl_zoo3.train as t, rl_zoo3.exp_manager as m; from sb3_ppo_ext import zoo_manager as z; "
-        "print(t.ExperimentManager is m.ExperimentManager is z.PPOExtExperimentManager, z.UPSTREAM.__module__, "
-        "z.PPOExtExperimentManager.__bases__ == (z.UPSTREAM,))"
-    )
-    assert _run([sys.executable, "-c", probe], tmp_path, hook=True).stdout.strip() == "True rl_zoo3.exp_manager True"
-    plain = "import rl_zoo3.train as t, sys; print(t.ExperimentManager.__module__, 'sb3_ppo_ext.zoo_manager' in sys.modules)"
-    assert _run([sys.executable, "-c", plain], tmp_path, hook=False).stdout.strip() == "rl_zoo3.exp_manager False"
 
 
 def test_policy_kwargs_of_a_policy_named_by_path_are_checked_once_rl_zoo3_imported_it(tmp_path: Path):

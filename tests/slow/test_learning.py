@@ -1,11 +1,8 @@
 """Learning quality (slow): run with ``python -m pytest -m slow``."""
 
-import pytest
-
 from sb3_ppo_ext.__main__ import main
 
 
-@pytest.mark.slow
 def test_squashed_ppo_ext_solves_pendulum_in_100k_steps():
     """Squashed PPOExt with the shipped Pendulum-v1 settings: mean deterministic return >= -250
     within 100k steps for at least 2 of 3 seeds."""

@@ -34,7 +34,7 @@ from sb3_ppo_ext.reliability import (
     resume,
 )
 
-pytestmark = pytest.mark.integration  # real processes killed with SIGKILL
+# This module: real processes killed with SIGKILL.
 
 th.set_num_threads(1)
 

@@ -1,6 +1,6 @@
 """A tuning worker killed mid-trial on a real PostgreSQL study: its trial is failed by Optuna's heartbeat and retried.
 
-Needs ``SB3_PPO_EXT_TEST_POSTGRES_URL`` (see ``test_zoo_postgres.py``). Worker A starts a long
+Needs ``SB3_PPO_EXT_TEST_POSTGRES_URL`` (see ``integration/test_zoo_postgres.py``). Worker A starts a long
 trial and is killed with SIGKILL while the trial is RUNNING; worker B, started after the grace
 period, marks A's trial FAIL (its heartbeat is stale), runs the re-queued copy with the same
 parameters, and stops when the study has its ``--max-total-trials`` finished trials.
@@ -17,11 +17,10 @@ from pathlib import Path
 
 import optuna
 import pytest
-from helpers import run_and_sigkill
+from helpers import REPO_ROOT, run_and_sigkill
 
 from sb3_ppo_ext.samplers import make_storage
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 HEARTBEAT, GRACE = 1, 3
 TOTAL = 2
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
@@ -60,7 +59,7 @@ def _check_recovered(url: str, study_name: str, dead: int) -> None:
     assert optuna.trial.TrialState.RUNNING not in states and optuna.trial.TrialState.WAITING not in states
 
 
-@pytest.mark.integration  # PostgreSQL, SIGKILLed worker
+# PostgreSQL, SIGKILLed worker
 def test_plain_optuna_dead_worker_trial_is_failed_and_retried(postgres_url: str, tmp_path: Path):
     study_name = f"test-heartbeat-{uuid.uuid4().hex[:8]}"
     command = [
@@ -79,7 +78,7 @@ def test_plain_optuna_dead_worker_trial_is_failed_and_retried(postgres_url: str,
     _check_recovered(postgres_url, study_name, dead)
 
 
-@pytest.mark.integration  # PostgreSQL, SIGKILLed worker
+# PostgreSQL, SIGKILLed worker
 def test_zoo_optimize_dead_worker_trial_is_failed_and_retried(postgres_url: str, tmp_path: Path):
     study_name = f"test-zoo-heartbeat-{uuid.uuid4().hex[:8]}"
     command = [
@@ -101,32 +100,6 @@ def test_zoo_optimize_dead_worker_trial_is_failed_and_retried(postgres_url: str,
     _check_recovered(postgres_url, study_name, dead)
 
 
-def test_make_storage_heartbeat_settings_are_checked():
-    with pytest.raises(ValueError, match="heartbeat_interval=-1"):
-        make_storage("sqlite://", heartbeat_interval=-1)
-    with pytest.raises(ValueError, match="max_retry=-2"):
-        make_storage("sqlite://", max_retry=-2)
-    storage = make_storage("sqlite://", heartbeat_interval=5, grace_period=7)
-    assert storage.heartbeat_interval == 5 and storage.grace_period == 7
-    assert make_storage("sqlite://", heartbeat_interval=0).heartbeat_interval is None
-
-
-def test_make_storage_retries_the_table_creation_race(monkeypatch: pytest.MonkeyPatch):
-    """Workers started together on a fresh database race to create Optuna's tables; the loser retries."""
-    from sqlalchemy.exc import IntegrityError
-
-    original, calls = optuna.storages.RDBStorage, []
-
-    def racing(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 1:
-            raise IntegrityError("INSERT INTO alembic_version", {}, Exception("UNIQUE constraint failed"))
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(optuna.storages, "RDBStorage", racing)
-    assert make_storage("sqlite://") is not None and len(calls) == 2
-
-
 def _zoo_optimize(storage: str, study_name: str, total: int, n_timesteps: int) -> list[str]:
     return [
         sys.executable, "-m", "sb3_ppo_ext.zoo", "train", "--algo", "ppo_ext", "--env", "Pendulum-v1", "-optimize",
@@ -136,7 +109,7 @@ def _zoo_optimize(storage: str, study_name: str, total: int, n_timesteps: int) -
     ]  # fmt: skip
 
 
-@pytest.mark.integration  # two rl-zoo3 workers, one SIGKILLed
+# two rl-zoo3 workers, one SIGKILLed
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_zoo_optimize_two_workers_one_killed_reach_max_total_trials(backend: str, request, tmp_path: Path):
     """
@@ -189,23 +162,3 @@ def test_zoo_optimize_two_workers_one_killed_reach_max_total_trials(backend: str
                 process.communicate()
     assert survivor[0].returncode == 0, stderr[-3000:]
     _check_recovered(storage, study_name, seen["dead"])
-
-
-def test_zoo_budget_count_fails_a_dead_workers_trial_before_rl_zoo3_counts(tmp_path: Path):
-    """The count rl-zoo3 makes before starting: a RUNNING trial whose heartbeat stopped is failed and re-queued first."""
-    from rl_zoo3 import exp_manager
-
-    from sb3_ppo_ext import zoo, zoo_support
-
-    url = f"sqlite:///{tmp_path / 'study.db'}"
-    storage = make_storage(url, heartbeat_interval=HEARTBEAT, grace_period=1)
-    study = optuna.create_study(storage=storage, study_name="s")
-    dead = study.ask()
-    storage.record_heartbeat(dead._trial_id)  # a worker's last heartbeat; it then died
-    time.sleep(2.5)
-    with zoo_support._study_storage(url, storage, exp_manager, max_total_trials=1):
-        study = optuna.create_study(storage=url, study_name="s", load_if_exists=True)
-        assert isinstance(exp_manager.MaxTrialsCallback(1, states=FINISHED), zoo.TrialBudgetCallback)
-    assert exp_manager.MaxTrialsCallback is optuna.study.MaxTrialsCallback
-    states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
-    assert states == {dead.number: optuna.trial.TrialState.FAIL, dead.number + 1: optuna.trial.TrialState.WAITING}

@@ -17,14 +17,14 @@ from pathlib import Path
 import gymnasium as gym
 import optuna
 import pytest
+from helpers import REPO_ROOT
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 from sb3_ppo_ext import PPOExt
 from sb3_ppo_ext.samplers import StorageError, make_storage, ppo_ext_kwargs_from_params, to_ppo_ext_kwargs
 
-pytestmark = pytest.mark.integration  # concurrent worker processes, PostgreSQL
+# This module: concurrent worker processes, PostgreSQL.
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 N_WORKERS = 2
 N_TRIALS = 3  # per worker
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
