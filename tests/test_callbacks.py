@@ -164,17 +164,6 @@ def test_kl_adaptive_lr_needs_a_kl():
 # ---------------------------------------------------------------- ParameterScheduler
 
 
-def test_schedule_formulas():
-    linear = ParameterSchedule("linear", start=1.0, end=0.0)
-    assert [linear(x) for x in (0.0, 0.25, 1.0, 2.0)] == [1.0, 0.75, 0.0, 0.0]
-    cosine = ParameterSchedule("cosine", start=1.0, end=0.0, begin=100, finish=300, by="timesteps")
-    assert cosine(0) == 1.0 and cosine(200) == pytest.approx(0.5) and cosine(300) == pytest.approx(0.0)
-    step = ParameterSchedule("step", values=[3, 2, 1], boundaries=[0.5, 0.8])
-    assert [step(x) for x in (0.0, 0.5, 0.79, 0.8, 1.0)] == [3, 2, 2, 1, 1]
-    piecewise = ParameterSchedule("piecewise", points=[[0.0, 0.0], [0.5, 1.0], [1.0, 0.5]])
-    assert [piecewise(x) for x in (-1.0, 0.25, 0.75, 2.0)] == [0.0, 0.5, 0.75, 0.5]
-
-
 @pytest.mark.parametrize("algo", [PPO, PPOExt, A2C])
 def test_scheduled_values_reach_the_algorithm(algo):
     total = 4 * 32

@@ -5,6 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+from sb3_ppo_ext.callbacks import (
+    ParameterSchedule,
+)
+
 
 def test_parameter_schedule_lives_in_its_own_module():
     from sb3_ppo_ext import callbacks, schedules
@@ -14,3 +20,14 @@ def test_parameter_schedule_lives_in_its_own_module():
     probe = "import sys, sb3_ppo_ext.schedules; print(sorted(m for m in sys.modules if m.startswith('sb3_ppo_ext.')))"
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert "sb3_ppo_ext.callbacks" not in loaded  # imports stay one-way: schedules -> validation
+
+
+def test_schedule_formulas():
+    linear = ParameterSchedule("linear", start=1.0, end=0.0)
+    assert [linear(x) for x in (0.0, 0.25, 1.0, 2.0)] == [1.0, 0.75, 0.0, 0.0]
+    cosine = ParameterSchedule("cosine", start=1.0, end=0.0, begin=100, finish=300, by="timesteps")
+    assert cosine(0) == 1.0 and cosine(200) == pytest.approx(0.5) and cosine(300) == pytest.approx(0.0)
+    step = ParameterSchedule("step", values=[3, 2, 1], boundaries=[0.5, 0.8])
+    assert [step(x) for x in (0.0, 0.5, 0.79, 0.8, 1.0)] == [3, 2, 2, 1, 1]
+    piecewise = ParameterSchedule("piecewise", points=[[0.0, 0.0], [0.5, 1.0], [1.0, 0.5]])
+    assert [piecewise(x) for x in (-1.0, 0.25, 0.75, 2.0)] == [0.0, 0.5, 0.75, 0.5]
