@@ -349,12 +349,6 @@ def algorithm_parameters(algorithm: type) -> dict[str, Any]:
     return {name: p.default for name, p in signature.parameters.items() if name != "self" and name not in RESERVED_KEYS}
 
 
-def algorithm_defaults(algo: str = DEFAULT_ALGO) -> dict[str, Any]:
-    """The default value of each parameter of the algorithm ``algo`` (from its signature; none for ``policy``)."""
-    parameters = algorithm_parameters(algorithm_spec(algo).algorithm)
-    return {name: default for name, default in parameters.items() if default is not inspect.Parameter.empty}
-
-
 def entry_problems(entry: Any, algo: str = DEFAULT_ALGO, whole: bool = True) -> list[str]:
     """
     Everything wrong with one settings entry, one message per problem (empty: valid).
@@ -477,7 +471,6 @@ __all__ = [
     "AlgorithmSpec",
     "SettingsError",
     "activation_class",
-    "algorithm_defaults",
     "algorithm_parameters",
     "algorithm_spec",
     "check_entry",

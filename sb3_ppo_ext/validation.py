@@ -154,19 +154,6 @@ def check_real_pair(name: str, value: Any, finite: bool = True) -> tuple[float, 
     return low, high
 
 
-def check_positive_or_schedule(name: str, value: Any, allow_none: bool, check_schedule: bool = True) -> None:
-    """
-    An :class:`InvalidSettingError` unless ``value`` is a positive finite number, a schedule
-    (a callable, positive at progress 1 when ``check_schedule``), or an allowed ``None``.
-
-    :param name: parameter name, for the message
-    :param value: the value to check
-    :param allow_none: whether ``None`` (feature off) is allowed
-    :param check_schedule: whether to evaluate a schedule at progress 1
-    """
-    check_number_or_schedule(name, value, allow_none, check_schedule, low=0.0)
-
-
 def check_number_or_schedule(
     name: str,
     value: Any,

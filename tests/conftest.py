@@ -43,6 +43,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 )
 
 
+@pytest.fixture
+def rliable_stats() -> None:
+    """The benchmark report's statistics are rliable's (in the test and bench extras): imported up front."""
+    from benchmarks import stats  # scripts/benchmarks (scripts/ is on the tests' sys.path)
+
+    stats.load_rliable()
+
+
 @pytest.fixture(params=list(FAMILY))
 def family(request: pytest.FixtureRequest) -> Member:
     """Each algorithm of the family in turn (``helpers.FAMILY``): for the behaviours every algorithm must share."""

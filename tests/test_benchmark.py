@@ -260,12 +260,6 @@ def test_beta_variant_keeps_the_shipped_settings_but_the_gaussian_heads(env_id):
 
 
 @pytest.fixture
-def rliable_stats():
-    """The report's statistics are rliable's (in the test and bench extras): imported up front."""
-    stats.load_rliable()
-
-
-@pytest.fixture
 def fast_rliable(rliable_stats, monkeypatch):
     """Fewer bootstrap resamples, for tests that check the report's text rather than its intervals."""
     monkeypatch.setattr(stats, "IQM_REPS", 1000)

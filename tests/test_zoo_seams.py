@@ -14,19 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import run_with_hook
-
-
-@pytest.fixture(scope="module")
-def hook_states(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, str]:
-    """What rl-zoo3 looks like in each mode (so that the comparisons below compare something)."""
-    probe = (
-        "import rl_zoo3.exp_manager as m, rl_zoo3.utils as u; "
-        "print('ppo_ext' in u.ALGOS, getattr(m.ExperimentManager, '_sb3_ppo_ext_patched', False))"
-    )
-    cwd = tmp_path_factory.mktemp("probe")
-    return {hook: run_with_hook([sys.executable, "-c", probe], cwd, hook).stdout.strip() for hook in (True, False)}
-
 
 # --- the same seams in this process (fast tier) --------------------------------------------------
 

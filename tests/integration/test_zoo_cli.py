@@ -41,6 +41,17 @@ ZOO_CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def hook_states(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, str]:
+    """What rl-zoo3 looks like in each mode (so that the comparisons below compare something)."""
+    probe = (
+        "import rl_zoo3.exp_manager as m, rl_zoo3.utils as u; "
+        "print('ppo_ext' in u.ALGOS, getattr(m.ExperimentManager, '_sb3_ppo_ext_patched', False))"
+    )
+    cwd = tmp_path_factory.mktemp("probe")
+    return {hook: run_with_hook([sys.executable, "-c", probe], cwd, hook).stdout.strip() for hook in (True, False)}
+
+
 @pytest.mark.parametrize("case", sorted(ZOO_CASES))
 def test_zoo_route_reports_bad_settings_without_traceback_or_folder(tmp_path: Path, case: str):
     extra, message = ZOO_CASES[case]
