@@ -6,9 +6,12 @@ Imported as ``from helpers import ...`` (pytest's ``pythonpath`` setting puts ``
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -215,3 +218,34 @@ def hook_env(hook: bool) -> dict[str, str]:
 def run_with_hook(command: list[str], cwd: Path, hook: bool) -> subprocess.CompletedProcess:
     """Run ``command`` in ``cwd`` with the startup hook on or off (:func:`hook_env`); its output captured."""
     return subprocess.run(command, cwd=cwd, env=hook_env(hook), capture_output=True, text=True, timeout=600)
+
+
+# The package's modules in the order one fresh interpreter imports them (modules_after_imports).
+IMPORT_STEPS = (
+    "sb3_ppo_ext.schedules",
+    "sb3_ppo_ext.reliability",
+    "sb3_ppo_ext.storage",
+    "sb3_ppo_ext.settings",
+    "sb3_ppo_ext.callbacks",
+    "sb3_ppo_ext.zoo",
+    "sb3_ppo_ext.samplers",
+)
+
+
+@functools.cache
+def modules_after_imports() -> dict[str, frozenset[str]]:
+    """
+    The modules a fresh interpreter has loaded after importing each of :data:`IMPORT_STEPS`, in that
+    order: one subprocess (per test process) for every test of what an import pulls in. Each step adds
+    to the ones before, so "``X`` does not load ``Y``" read from a step holds for ``X`` alone too.
+    """
+    code = (
+        "import importlib, json, sys\n"
+        "loaded = {}\n"
+        f"for name in {IMPORT_STEPS!r}:\n"
+        "    importlib.import_module(name)\n"
+        "    loaded[name] = sorted(sys.modules)\n"
+        "print(json.dumps(loaded))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    return {name: frozenset(modules) for name, modules in json.loads(result.stdout).items()}

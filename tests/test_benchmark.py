@@ -262,9 +262,9 @@ def test_beta_variant_keeps_the_shipped_settings_but_the_gaussian_heads(env_id):
 @pytest.fixture
 def fast_rliable(rliable_stats, monkeypatch):
     """Fewer bootstrap resamples, for tests that check the report's text rather than its intervals."""
-    monkeypatch.setattr(stats, "IQM_REPS", 1000)
-    monkeypatch.setattr(stats, "IMPROVEMENT_REPS", 300)
-    monkeypatch.setattr(stats, "PROFILE_REPS", 300)
+    monkeypatch.setattr(stats, "IQM_REPS", 200)
+    monkeypatch.setattr(stats, "IMPROVEMENT_REPS", 100)
+    monkeypatch.setattr(stats, "PROFILE_REPS", 100)
 
 
 def _iqm(values: list[float]) -> float:

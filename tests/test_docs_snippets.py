@@ -198,12 +198,23 @@ def check_pip_install(words: list[str]) -> None:
             assert word in {"-e"} or re.fullmatch(r"[\w.-]+(\[[\w,]+\])?[<>=!~]=?[\w.]+", word), word
 
 
+# A small module of each tier: a tier is a folder (tests/conftest.py marks every test of it, and no other),
+# so a documented ``-m <tier>`` is collected on one module of its folder, and the default run on a fast one.
+TIER_MODULES = {"integration": "tests/integration/test_scripts_runs.py", "slow": "tests/slow/test_learning.py"}
+FAST_MODULE = "tests/test_zoo_hook.py"
+
+
 def check_pytest(words: list[str]) -> None:
-    """The test selection collects (without ``-n``: collection only, in one process)."""
+    """
+    The command's options parse and its selection collects tests (without ``-n``: collection only, in one
+    process), on one module of the tier it selects (:data:`TIER_MODULES`): the same options, judged without
+    importing every test module of the suite again.
+    """
     args = words[3:]
     if "-n" in args:
         del args[args.index("-n") : args.index("-n") + 2]
-    assert collect_tests(tuple(args)) > 0, words
+    marker = args[args.index("-m") + 1] if "-m" in args else None
+    assert collect_tests((*args, TIER_MODULES.get(marker, FAST_MODULE))) > 0, words
     if not args:  # the default run is the fast tier (pyproject.toml's addopts; the docs say so)
         addopts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
         assert addopts.startswith("-m 'not slow and not integration'"), addopts

@@ -5,14 +5,13 @@ from __future__ import annotations
 import importlib.util
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import gymnasium as gym
 import optuna
 import pytest
 import yaml
+from helpers import modules_after_imports
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 from sb3_ppo_ext import PPOExt
@@ -41,14 +40,14 @@ ZOO_ONLY_KEYS = {"n_envs", "n_timesteps", "normalize", "env_wrapper", "vec_env_w
 def _sampled_trials(n: int) -> list[tuple[optuna.trial.FrozenTrial, dict, bool]]:
     """``n`` trials of a random-sampler study: (trial, zoo-form settings, continuous); every 4th on a discrete env."""
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0), direction="maximize")
-    out = []
+    asked = []
     for index in range(n):
         continuous = index % 4 != 3
         trial = study.ask()
-        settings = sample_zoo_form(trial, continuous=continuous)
+        asked.append((sample_zoo_form(trial, continuous=continuous), continuous))
         study.tell(trial, 0.0)
-        out.append((study.trials[-1], settings, continuous))
-    return out
+    # the finished trials once, at the end (study.trials deep-copies every trial on each access)
+    return [(trial, settings, continuous) for trial, (settings, continuous) in zip(study.trials, asked, strict=True)]
 
 
 @pytest.fixture(scope="module")
@@ -243,12 +242,9 @@ def test_make_storage(tmp_path):
 
 
 def test_importing_the_package_imports_neither_rl_zoo3_nor_optuna():
-    code = (
-        "import sys, sb3_ppo_ext, sb3_ppo_ext.zoo, sb3_ppo_ext.samplers; "
-        "print(sorted(m for m in ('rl_zoo3', 'optuna') if m in sys.modules))"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert result.stdout == "[]\n"
+    loaded = modules_after_imports()["sb3_ppo_ext.samplers"]  # after sb3_ppo_ext, its zoo module and the samplers
+    assert {"sb3_ppo_ext", "sb3_ppo_ext.zoo", "sb3_ppo_ext.samplers"} <= loaded
+    assert sorted(m for m in ("rl_zoo3", "optuna") if m in loaded) == []
 
 
 # --- entry -> trial params (warm-starting a study with the shipped entry) ----------------------

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
+from helpers import modules_after_imports
 
 from sb3_ppo_ext.callbacks import (
     ParameterSchedule,
@@ -17,8 +15,8 @@ def test_parameter_schedule_lives_in_its_own_module():
 
     assert callbacks.ParameterSchedule is schedules.ParameterSchedule
     assert schedules.ParameterSchedule("linear", start=1.0, end=3.0).extremes() == (1.0, 3.0)
-    probe = "import sys, sb3_ppo_ext.schedules; print(sorted(m for m in sys.modules if m.startswith('sb3_ppo_ext.')))"
-    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    loaded = modules_after_imports()["sb3_ppo_ext.schedules"]  # the first import of a fresh interpreter
+    assert "sb3_ppo_ext.schedules" in loaded
     assert "sb3_ppo_ext.callbacks" not in loaded  # imports stay one-way: schedules -> validation
 
 
