@@ -170,14 +170,11 @@ UNRULED_ARGUMENTS: dict[str, str] = {
 def check_arguments(arguments: Mapping[str, Any], check_schedules: bool = True, n_envs: int | None = None) -> None:
     """
     Each argument by its row of :data:`ALGORITHM_RULES`, then the rules that tie arguments together
-    (those whose arguments are all given): a one-sample minibatch cannot be normalised, nor a one-step
-    rollout; ``vf_clip_mode='max'`` needs ``clip_range_vf``; an adaptive beta (``kl_target``) needs
-    ``kl_coef > 0`` within ``kl_coef_bounds``.
+    (:func:`check_together`): the algorithms' constructors and ``load`` run this.
 
     :param arguments: argument name -> value (any subset of :data:`ALGORITHM_RULES`)
     :param check_schedules: whether to evaluate schedules at progress 1
-    :param n_envs: the number of environments, when known: ``n_steps * n_envs`` must exceed 1 with
-        ``normalize_advantage`` (as PPO asserts)
+    :param n_envs: the number of environments, when known (see :func:`check_together`)
     :raises InvalidSettingError: naming the argument, its value and what is allowed
     :raises TypeError: for a name without a row
     """
@@ -186,6 +183,21 @@ def check_arguments(arguments: Mapping[str, Any], check_schedules: bool = True, 
         raise TypeError(f"check_arguments() got unexpected arguments {sorted(unknown)}")
     for name, value in arguments.items():
         ALGORITHM_RULES[name].judge(name, value, check_schedules)
+    check_together(arguments, n_envs)
+
+
+def check_together(arguments: Mapping[str, Any], n_envs: int | None = None) -> None:
+    """
+    The rules that tie arguments together, each applied when all its arguments are given (and each of
+    them already judged by its row): a one-sample minibatch cannot be normalised, nor a one-step rollout;
+    ``vf_clip_mode='max'`` needs ``clip_range_vf``; an adaptive beta (``kl_target``) needs ``kl_coef > 0``
+    within ``kl_coef_bounds``.
+
+    :param arguments: argument name -> value
+    :param n_envs: the number of environments, when known: ``n_steps * n_envs`` must exceed 1 with
+        ``normalize_advantage`` (as PPO asserts)
+    :raises InvalidSettingError: naming the arguments and what is allowed
+    """
     normalize = arguments.get("normalize_advantage", True)
     if normalize and arguments.get("batch_size", 2) <= 1:
         # PPO asserts the same: a one-sample minibatch has no advantage spread to normalise by.
@@ -438,6 +450,7 @@ __all__ = [
     "check_arguments",
     "check_policy_kwargs",
     "check_policy_kwargs_together",
+    "check_together",
     "policy_parameters",
     "scheduled_value_problem",
     "signature_defaults",

@@ -7,8 +7,8 @@ parameter takes ints, numpy ints included, never ``2.0``; a boolean takes ``true
 never the string ``"false"``), ranges, schedules (``learning_rate: lin_3e-4``) and the contents of
 ``policy_kwargs`` (names from the policy class's constructor chain, booleans, activation names,
 ``net_arch``), each by its row of the parameter table (:mod:`sb3_ppo_ext.parameters`); then the
-algorithm's argument check (:func:`sb3_ppo_ext.parameters.check_arguments`) runs on the entry merged
-over the algorithm's defaults, for the rules that tie parameters together.
+rules that tie the algorithm's arguments together (:func:`sb3_ppo_ext.parameters.check_together`) run
+on the entry merged over the algorithm's defaults.
 
 The checks are parameterised by the algorithm class, not written for PPOExt: valid parameter
 names come from the class's ``__init__`` signature, ``policy_kwargs`` names from the policy class
@@ -41,8 +41,8 @@ from sb3_ppo_ext.parameters import (  # re-exported: the settings owner's names 
     POLICY_KWARG_RULES,
     SCHEDULE_KEYS,
     activation_class,
-    check_arguments,
     check_policy_kwargs_together,
+    check_together,
     policy_parameters,
     to_algorithm_kwargs,
     unknown_key,
@@ -66,11 +66,11 @@ class AlgorithmSpec:
     :param hyperparams: default hyperparameter file (``--conf-file``); ``None``: rl-zoo3's own lookup
     :param sampler: the function for ``HYPERPARAMS_SAMPLER`` (``-optimize``), or ``None``
     :param converter: the function for ``HYPERPARAMS_CONVERTER`` (``--trial-id``), or ``None``
-    :param check_arguments: the algorithm's argument check, called as ``check_arguments(arguments, n_envs=...)``
-        with the entry's values (over the class's defaults) of the names with a row in
-        :data:`~sb3_ppo_ext.parameters.ALGORITHM_RULES`; it raises
-        :class:`~sb3_ppo_ext.validation.InvalidSettingError`. Default: the PPO family's,
-        :func:`sb3_ppo_ext.parameters.check_arguments`; ``None``: none.
+    :param rules_together: the rules that tie the algorithm's arguments together, called as
+        ``rules_together(arguments, n_envs=...)`` with the entry's values (over the class's defaults) of
+        the names with a row in :data:`~sb3_ppo_ext.parameters.ALGORITHM_RULES` (each value is judged by
+        its row first); it raises :class:`~sb3_ppo_ext.validation.InvalidSettingError`. Default: the PPO
+        family's, :func:`sb3_ppo_ext.parameters.check_together`; ``None``: none.
     :param masked: whether the algorithm needs action masks (the env must provide ``action_masks()``;
         rl-zoo3's evaluation and ``enjoy`` then pass the masks to ``predict``)
     """
@@ -80,7 +80,7 @@ class AlgorithmSpec:
     hyperparams: Path | None = None
     sampler: Callable[..., dict[str, Any]] | None = None
     converter: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-    check_arguments: Callable[..., None] | None = check_arguments
+    rules_together: Callable[..., None] | None = check_together
     masked: bool = False
 
 
@@ -175,7 +175,7 @@ def _schedule_problem(key: str, value: Any) -> str | None:
             "with a positive initial value (e.g. lin_3.0e-4)"
         )
     if value is None or callable(value):
-        return None  # None: off (clip ranges; the algorithm's check rejects it for learning_rate)
+        return None  # None: off for the clip ranges; the row says whether None is allowed
     if not validation.is_real(value):
         return _wrong_type(key, value, "a number or a schedule 'lin_<x>'")
     return None
@@ -200,8 +200,8 @@ def _typed_by_default_problem(key: str, value: Any, default: Any) -> str | None:
 
 def _algorithm_value_problem(key: str, value: Any, default: Any) -> str | None:
     rule = ALGORITHM_RULES.get(key)
-    if rule is not None and rule.schedule:  # yml strings first; numbers and callables by the row
-        if isinstance(value, str) or value is None:
+    if rule is not None and rule.schedule:  # yml strings as schedules; numbers, None and callables by the row
+        if isinstance(value, str):
             return _schedule_problem(key, value)
         return _schedule_problem(key, value) or _check(rule.judge, key, value)
     if problem := _typed_by_default_problem(key, value, default):
@@ -356,7 +356,7 @@ def entry_problems(entry: Any, algo: str = DEFAULT_ALGO, whole: bool = True) -> 
     :param entry: the entry, in rl-zoo3's yml form
     :param algo: the algorithm's name in :data:`ALGORITHMS`
     :param whole: whether the entry is complete, so that the rules that tie parameters together
-        (the algorithm's ``_check_arguments``, ``n_steps * n_envs > 1``) apply; ``False`` for a part
+        (:func:`~sb3_ppo_ext.parameters.check_together`, ``n_steps * n_envs > 1``) apply; ``False`` for a part
         of the settings, such as ``-params``, that will be merged over a file's entry
     :return: the problems, each naming the key
     """
@@ -387,16 +387,26 @@ def entry_problems(entry: Any, algo: str = DEFAULT_ALGO, whole: bool = True) -> 
 
 
 def _whole_entry_problems(spec: AlgorithmSpec, parameters: dict[str, Any], entry: Mapping[str, Any]) -> list[str]:
-    """The algorithm's argument check on the entry merged over the algorithm's defaults."""
-    if spec.check_arguments is None:
+    """The rules that tie the algorithm's arguments together, on the entry merged over the algorithm's defaults."""
+    if spec.rules_together is None:
         return []
     merged = {**parameters, **to_algorithm_kwargs({k: v for k, v in entry.items() if k in parameters})}
     try:
         # n_envs is absent once rl-zoo3 has consumed it: the algorithm checks n_steps * n_envs then.
-        spec.check_arguments({name: merged[name] for name in ALGORITHM_RULES if name in merged}, n_envs=entry.get("n_envs"))
+        spec.rules_together({name: merged[name] for name in ALGORITHM_RULES if name in merged}, n_envs=entry.get("n_envs"))
     except InvalidSettingError as error:
         return [str(error)]
     return []
+
+
+def whole_entry_problems(entry: Mapping[str, Any], algo: str = DEFAULT_ALGO) -> list[str]:
+    """
+    Only the rules that tie the algorithm's arguments together, on an entry whose keys were each
+    checked already (:func:`entry_problems` with ``whole=False``), e.g. a file's entry merged with
+    ``-params``: each setting is judged once.
+    """
+    spec = algorithm_spec(algo)
+    return _whole_entry_problems(spec, algorithm_parameters(spec.algorithm), entry)
 
 
 def check_entry(entry: Any, source: str, algo: str = DEFAULT_ALGO, whole: bool = True) -> dict[str, Any]:
@@ -482,4 +492,5 @@ __all__ = [
     "to_algorithm_kwargs",
     "unknown_key",
     "unknown_policy_kwarg",
+    "whole_entry_problems",
 ]

@@ -115,7 +115,10 @@ class PPOExtExperimentManager(UPSTREAM):
         hyperparams, saved_hyperparams = super().read_hyperparameters() if entries is None else self._merge_settings(entries)
         if not isinstance(hyperparams, dict):  # an entry of a .py conf file
             raise zoo_support.ZooConfigError(f"invalid {algo} hyperparameters in {source}: expected a mapping of settings")
-        problems = settings.entry_problems(hyperparams, algo)
+        # A yml entry and -params were checked key by key above: the merge needs only the rules across keys.
+        problems = (
+            settings.entry_problems(hyperparams, algo) if entries is None else settings.whole_entry_problems(hyperparams, algo)
+        )
         if "n_timesteps" not in hyperparams:
             if self.n_timesteps <= 0:  # rl-zoo3 would end in KeyError: 'n_timesteps'
                 problems.append("'n_timesteps' is missing: give the entry a training budget (n_timesteps: 1.0e5) or pass -n")

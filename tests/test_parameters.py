@@ -148,8 +148,6 @@ def test_each_row_is_the_settings_check(algorithm: type):
     """The settings check of yml entries and ``-params`` names the key for every value its row rejects."""
     for name in ruled_arguments(algorithm):
         for value in invalid_values(name, ALGORITHM_RULES[name]):
-            if value is None and ALGORITHM_RULES[name].schedule:
-                continue  # None for learning_rate: the whole entry's check (below)
             problems = entry_problems({name: value}, ZOO_NAME[algorithm], whole=False)
             assert problems and name in problems[0], (name, value, problems)
     assert "learning_rate=None is not allowed" in " ".join(entry_problems({"learning_rate": None}, ZOO_NAME[algorithm]))
@@ -289,7 +287,7 @@ def test_the_registry_holds_classes_and_functions():
     assert settings.ALGORITHMS["ppo_ext"].algorithm is PPOExt
     assert settings.ALGORITHMS["ppo_lstm_ext"].sampler is samplers.sample_recurrent_zoo_params
     assert settings.ALGORITHMS["ppo_mask_ext"].converter is samplers.convert_maskable_zoo_params
-    assert all(spec.check_arguments is check_arguments for spec in settings.ALGORITHMS.values())
+    assert all(spec.rules_together is parameters.check_together for spec in settings.ALGORITHMS.values())
 
 
 def test_box_only_rules_do_not_need_a_box_space():

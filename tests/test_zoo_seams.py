@@ -252,7 +252,7 @@ def test_each_settings_entry_is_read_and_checked_once(tmp_path: Path, monkeypatc
     model, _ = manager.setup_experiment()
     monkeypatch.undo()
     assert opened == [str(settings.PPO_EXT_YML)]
-    assert calls == [("entry", False), ("-params", False), ("entry", True)]
+    assert calls == [("entry", False), ("-params", False)]  # then only the rules across keys, on the merge
     assert len(whole_checks) == 1 and whole_checks[0]["n_steps"] == 64 and whole_checks[0]["gamma"] == 0.9
     assert (model.n_steps, model.batch_size, model.gamma) == (64, 32, 0.9)
     manager.learn(model)
