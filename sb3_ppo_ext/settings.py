@@ -118,10 +118,6 @@ RESERVED_KEYS = frozenset({"env", "tensorboard_log", "seed", "verbose", "device"
 # --- rules for single values -------------------------------------------------------------------
 
 
-def _type_names(types: tuple[type, ...]) -> str:
-    return " or ".join(t.__name__ for t in types)
-
-
 def _wrong_type(key: str, value: Any, expected: str) -> str:
     hint = ""
     if isinstance(value, str):

@@ -61,12 +61,6 @@ if not TYPE_CHECKING:
 _INIT_SIGNATURE = inspect.signature(UPSTREAM.__init__)
 
 
-def _raise_problems(problems: list[str], algo: str, source: str) -> None:
-    """A :class:`~sb3_ppo_ext.zoo_support.ZooConfigError` naming ``source`` and each problem, if there is one."""
-    if problems:
-        raise zoo_support.ZooConfigError(f"invalid {algo} hyperparameters in {source}: {'; '.join(problems)}")
-
-
 class PPOExtExperimentManager(UPSTREAM):
     """
     rl-zoo3's ``ExperimentManager`` that knows this package's algorithms (``--algo ppo_ext``,
@@ -108,9 +102,9 @@ class PPOExtExperimentManager(UPSTREAM):
             name = settings.select_entry(entries, self.env_name.gym_id, atari=bool(self._is_atari))
             if name is not None:
                 source = f"{config} (entry {name!r})"
-                _raise_problems(settings.entry_problems(entries[name], algo, whole=False), algo, source)
+                zoo_support.raise_problems(settings.entry_problems(entries[name], algo, whole=False), algo, f"in {source}")
         if self.custom_hyperparams:
-            _raise_problems(settings.entry_problems(self.custom_hyperparams, algo, whole=False), algo, "-params")
+            zoo_support.raise_problems(settings.entry_problems(self.custom_hyperparams, algo, whole=False), algo, "in -params")
             source += " with -params"
         hyperparams, saved_hyperparams = super().read_hyperparameters() if entries is None else self._merge_settings(entries)
         if not isinstance(hyperparams, dict):  # an entry of a .py conf file
@@ -124,7 +118,7 @@ class PPOExtExperimentManager(UPSTREAM):
                 problems.append("'n_timesteps' is missing: give the entry a training budget (n_timesteps: 1.0e5) or pass -n")
             else:  # -n gives the budget; rl-zoo3 still reads (and deletes) the key
                 hyperparams = {**hyperparams, "n_timesteps": self.n_timesteps}
-        _raise_problems(problems, algo, source)
+        zoo_support.raise_problems(problems, algo, f"in {source}")
         return hyperparams, saved_hyperparams
 
     def _merge_settings(self, entries: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -178,7 +172,8 @@ class PPOExtExperimentManager(UPSTREAM):
         if unchecked and processed.get("policy_kwargs") is not None:
             source = f"{self.config} (env {self.env_name.gym_id})"
             part = {key: processed[key] for key in ("policy", "policy_kwargs") if key in processed}
-            _raise_problems(settings.entry_problems(part, self.algo, whole=False), self.algo, f"{source}, policy_kwargs")
+            problems = settings.entry_problems(part, self.algo, whole=False)
+            zoo_support.raise_problems(problems, self.algo, f"in {source}, policy_kwargs")
         return (zoo_support.resolve_activation({**processed, **switched_off}), *rest)
 
     # --- the run folder and the Optuna storage ----------------------------------------------

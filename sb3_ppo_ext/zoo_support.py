@@ -57,10 +57,19 @@ def check_hyperparams(hyperparams: dict[str, Any], source: str, algo: str = ALGO
     :return: the settings, with ``policy_kwargs["activation_fn"]`` a torch class (a new dict if changed)
     :raises ZooConfigError: naming the source and each problem (unknown names with close matches)
     """
-    problems = settings.entry_problems(hyperparams, algo)
-    if problems:
-        raise ZooConfigError(f"invalid {algo} hyperparameters from {source}: {'; '.join(problems)}")
+    raise_problems(settings.entry_problems(hyperparams, algo), algo, f"from {source}")
     return resolve_activation(hyperparams)
+
+
+def raise_problems(problems: list[str], algo: str, where: str) -> None:
+    """
+    A :class:`ZooConfigError` naming where the settings come from and each problem, if there is one.
+
+    :param where: e.g. ``"in <file> (entry ...)"`` or ``"from <source>"``; the message reads
+        ``invalid <algo> hyperparameters <where>: ...``
+    """
+    if problems:
+        raise ZooConfigError(f"invalid {algo} hyperparameters {where}: {'; '.join(problems)}")
 
 
 def resolve_activation(hyperparams: dict[str, Any]) -> dict[str, Any]:
