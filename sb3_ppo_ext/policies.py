@@ -23,10 +23,12 @@ from stable_baselines3.common.distributions import (
 )
 from stable_baselines3.common.policies import ActorCriticPolicy, BasePolicy
 from stable_baselines3.common.preprocessing import get_action_dim
-from stable_baselines3.common.torch_layers import CombinedExtractor, NatureCNN
+from stable_baselines3.common.torch_layers import CombinedExtractor, MlpExtractor, NatureCNN
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from stable_baselines3.common.utils import FloatSchedule, LinearSchedule
 from torch import nn
+from torch.nn import functional as F
+from torch.nn.modules import module as torch_module
 
 from sb3_ppo_ext.distributions import (
     ENTROPY_ESTIMATORS,
@@ -140,6 +142,63 @@ def with_foreach_adam(kwargs: dict[str, Any], fused: bool = False) -> dict[str, 
     return {**kwargs, "optimizer_kwargs": {**optimizer_kwargs, ("fused" if fused else "foreach"): True}}
 
 
+def _runs_global_hooks() -> bool:
+    """Whether torch holds a hook for every module (``register_module_forward_hook`` & co.) or ``torch.jit.trace`` runs."""
+    return bool(
+        torch_module._global_forward_hooks
+        or torch_module._global_forward_pre_hooks
+        or torch_module._global_backward_hooks
+        or torch_module._global_backward_pre_hooks
+        or th.jit.is_tracing()
+    )
+
+
+def _runs_own_hooks(module: nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks)
+
+
+def runs_hooks(module: nn.Module) -> bool:
+    """
+    Whether calling ``module`` would run a hook (its own or one registered for every module) or be
+    traced by ``torch.jit.trace``: what ``nn.Module.__call__`` checks before it calls ``forward``
+    directly (read here, never changed). A test fails when the installed torch keeps its hooks elsewhere.
+    """
+    return _runs_global_hooks() or _runs_own_hooks(module)
+
+
+def lean_call(module: nn.Module, x: th.Tensor) -> th.Tensor:
+    """
+    ``module(x)`` for the layers SB3 builds its networks from (``nn.Sequential`` of ``nn.Linear`` and
+    ``ReLU``/``Tanh`` activations), computed by the functions their ``forward`` calls, without
+    ``nn.Module.__call__`` per layer: the same operations on the same tensors, so the same values and
+    autograd graph, bit for bit. Any other module, and any module that would run hooks, is called the usual way.
+
+    :param module: a network of the policy (``mlp_extractor.policy_net``, ``action_net``, ...)
+    :param x: its input
+    :return: its output
+    """
+    if _runs_global_hooks():
+        return module(x)
+    return _lean_layers(module, x)
+
+
+def _lean_layers(module: nn.Module, x: th.Tensor) -> th.Tensor:
+    if _runs_own_hooks(module):
+        return module(x)
+    kind = type(module)
+    if kind is nn.Linear:
+        return F.linear(x, cast(nn.Linear, module).weight, cast(nn.Linear, module).bias)
+    if kind is nn.Sequential:
+        for layer in cast(nn.Sequential, module):
+            x = _lean_layers(layer, x)
+        return x
+    if kind is nn.ReLU and not cast(nn.ReLU, module).inplace:
+        return th.relu(x)
+    if kind is nn.Tanh:
+        return th.tanh(x)
+    return module(x)
+
+
 class CheckedForward:
     """
     Mixin of this package's policies: ``forward`` (what a rollout's ``policy(obs)`` runs) is upstream's,
@@ -185,11 +244,17 @@ class CheckedForward:
     def _latents(self, obs: PyTorchObs) -> tuple[th.Tensor, th.Tensor]:
         # Same steps as the start of upstream's ``forward`` and ``evaluate_actions``, which have no hook
         # returning latents.
+        # SB3's MlpExtractor (not a subclass: its forward may differ) is called layer by layer (lean_call).
         features = self.extract_features(obs)  # type: ignore[attr-defined]
-        if self.share_features_extractor:  # type: ignore[attr-defined]
-            return self.mlp_extractor(features)  # type: ignore[attr-defined]
+        extractor = self.mlp_extractor  # type: ignore[attr-defined]
+        shared = self.share_features_extractor  # type: ignore[attr-defined]
+        if type(extractor) is MlpExtractor and not runs_hooks(extractor):
+            pi_features, vf_features = (features, features) if shared else features
+            return lean_call(extractor.policy_net, pi_features), lean_call(extractor.value_net, vf_features)
+        if shared:
+            return extractor(features)
         pi_features, vf_features = features
-        return self.mlp_extractor.forward_actor(pi_features), self.mlp_extractor.forward_critic(vf_features)  # type: ignore[attr-defined]
+        return extractor.forward_actor(pi_features), extractor.forward_critic(vf_features)
 
     def _acted(
         self, actions: th.Tensor, values: th.Tensor, log_prob: th.Tensor, kind: str, parameters: tuple[th.Tensor, ...]
@@ -494,13 +559,15 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
     def _bounded_log_std(self, latent_pi: th.Tensor) -> th.Tensor:
         assert self.log_std_bounds is not None
         low, high = self.log_std_bounds
-        return low + 0.5 * (high - low) * (th.tanh(self.log_std_net(latent_pi)) + 1.0)
+        return low + 0.5 * (high - low) * (th.tanh(lean_call(self.log_std_net, latent_pi)) + 1.0)
 
     def _get_action_dist_from_latent(self, latent_pi: th.Tensor) -> Distribution:
         if isinstance(self.action_dist, BetaDistribution):
-            return self.action_dist.proba_distribution(self.action_net(latent_pi))
+            return self.action_dist.proba_distribution(lean_call(self.action_net, latent_pi))
         if self.state_dependent_std:
-            distribution = self.action_dist.proba_distribution(self.action_net(latent_pi), self._bounded_log_std(latent_pi))
+            distribution = self.action_dist.proba_distribution(
+                lean_call(self.action_net, latent_pi), self._bounded_log_std(latent_pi)
+            )
         else:
             distribution = super()._get_action_dist_from_latent(latent_pi)
         if self.squash_output:
@@ -527,8 +594,8 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         ):
             return None
         latent_pi, latent_vf = self._latents(obs)
-        values = self.value_net(latent_vf)
-        head = self.action_net(latent_pi)
+        values = lean_call(self.value_net, latent_vf)
+        head = lean_call(self.action_net, latent_pi)
         if categorical:
             actions, log_prob, logits = direct_categorical(head, deterministic)
             return self._acted(actions, values, log_prob, "categorical", logits)
@@ -561,7 +628,7 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         """
         latent_pi, latent_vf = self._latents(obs)
         distribution = self._get_action_dist_from_latent(latent_pi)
-        values, log_prob = self.value_net(latent_vf), distribution.log_prob(actions)
+        values, log_prob = lean_call(self.value_net, latent_vf), distribution.log_prob(actions)
         if entropy_requires_grad:
             entropy = distribution.entropy()
         else:
@@ -711,9 +778,9 @@ class MaskablePPOExtPolicy(CheckedForward, NetworkLearningRates, MaskableActorCr
         ):
             return None
         latent_pi, latent_vf = self._latents(obs)
-        values = self.value_net(latent_vf)
+        values = lean_call(self.value_net, latent_vf)
         actions, log_prob, parameters = direct_categorical(
-            self.action_net(latent_pi), deterministic, action_masks, masked=True
+            lean_call(self.action_net, latent_pi), deterministic, action_masks, masked=True
         )
         return self._acted(actions, values, log_prob, "categorical", parameters)
 
@@ -741,7 +808,7 @@ class MaskablePPOExtPolicy(CheckedForward, NetworkLearningRates, MaskableActorCr
         if action_masks is not None:
             distribution.apply_masking(action_masks)
         log_prob = distribution.log_prob(actions)
-        values = self.value_net(latent_vf)
+        values = lean_call(self.value_net, latent_vf)
         with th.set_grad_enabled(entropy_requires_grad and th.is_grad_enabled()):
             entropy = distribution.entropy()
         return values, log_prob, entropy, distribution
@@ -855,6 +922,48 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
 
     def _direct_forward(self, *args: Any, **kwargs: Any) -> None:
         return None  # the LSTM's forward (states in, states out) is upstream's
+
+    @staticmethod
+    def _process_sequence(
+        features: th.Tensor,
+        lstm_states: tuple[th.Tensor, th.Tensor],
+        episode_starts: th.Tensor,
+        lstm: nn.LSTM,
+    ) -> tuple[th.Tensor, th.Tensor]:
+        """
+        Upstream's ``_process_sequence`` (the LSTM over padded sequences, one step at a time where an
+        episode starts inside them) with one change: the states are multiplied by ``1 - episode_start``
+        only at the steps where some sequence starts an episode. At the other steps upstream multiplies
+        them by exactly 1, which changes no value and no gradient, so the result is upstream's bit for bit
+        (tested). The rollout buffer cuts sequences at episode starts, so in an update that is the first
+        step only. A test compares this copy with the installed sb3-contrib's method and fails on drift.
+
+        :param features: Input tensor
+        :param lstm_states: previous hidden and cell states of the LSTM, respectively
+        :param episode_starts: Indicates when a new episode starts,
+            in that case, we need to reset LSTM states.
+        :param lstm: LSTM object.
+        :return: LSTM output and updated LSTM states.
+        """
+        n_seq = lstm_states[0].shape[1]
+        features_sequence = features.reshape((n_seq, -1, lstm.input_size)).swapaxes(0, 1)
+        episode_starts = episode_starts.reshape((n_seq, -1)).swapaxes(0, 1)
+        resets = (episode_starts != 0.0).any(dim=1).tolist()
+        if not any(resets):
+            lstm_output, lstm_states = lstm(features_sequence, lstm_states)
+            lstm_output = th.flatten(lstm_output.transpose(0, 1), start_dim=0, end_dim=1)
+            return lstm_output, lstm_states  # type: ignore[return-value]
+        lstm_output = []
+        for features, episode_start, reset in zip(features_sequence, episode_starts, resets, strict=True):
+            if reset:
+                lstm_states = (
+                    (1.0 - episode_start).view(1, n_seq, 1) * lstm_states[0],
+                    (1.0 - episode_start).view(1, n_seq, 1) * lstm_states[1],
+                )
+            hidden, lstm_states = lstm(features.unsqueeze(dim=0), lstm_states)
+            lstm_output += [hidden]
+        lstm_output = th.flatten(th.cat(lstm_output).transpose(0, 1), start_dim=0, end_dim=1)
+        return lstm_output, lstm_states  # type: ignore[return-value]
 
     def _sequence_pass(
         self, features: th.Tensor, lstm_states: tuple[th.Tensor, th.Tensor], episode_starts: th.Tensor, lstm: nn.LSTM

@@ -5,13 +5,17 @@ Imported as ``from helpers import ...`` (pytest's ``pythonpath`` setting puts ``
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import difflib
 import functools
+import inspect
 import json
 import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -249,3 +253,25 @@ def modules_after_imports() -> dict[str, frozenset[str]]:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     return {name: frozenset(modules) for name, modules in json.loads(result.stdout).items()}
+
+
+def statements(function: Callable) -> list[str]:
+    """
+    The statements of a function as lines formatted by ``ast.unparse`` (no comments, no docstring): what a
+    drift test compares between an upstream method and this package's copy of it.
+    """
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    definition = tree.body[0]
+    assert isinstance(definition, ast.FunctionDef | ast.AsyncFunctionDef)
+    body = definition.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    return "\n".join(ast.unparse(statement) for statement in body).splitlines()
+
+
+def copy_changes(upstream: Callable, copy: Callable) -> tuple[list[str], list[str]]:
+    """The statement lines (:func:`statements`) that ``copy`` removed from ``upstream`` and those it added, in order."""
+    diff = [line for line in difflib.ndiff(statements(upstream), statements(copy)) if line[:1] in "+-"]
+    return [line[2:].strip() for line in diff if line.startswith("-")], [
+        line[2:].strip() for line in diff if line.startswith("+")
+    ]

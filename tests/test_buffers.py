@@ -1,16 +1,11 @@
 """The rollout buffers that carry pi_old (sb3_ppo_ext.buffers), and the engine's two paths to pi_old."""
 
-import ast
-import difflib
-import inspect
-import textwrap
-
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch as th
 from gymnasium import spaces
-from helpers import TINY
+from helpers import TINY, copy_changes
 from sb3_contrib import RecurrentPPO
 from sb3_contrib.common.envs import InvalidActionEnvDiscrete
 from sb3_contrib.common.maskable.buffers import MaskableDictRolloutBuffer, MaskableRolloutBuffer
@@ -209,32 +204,19 @@ def test_prepare_rollout_draws_no_random_numbers():
     assert state[2] == after[2]
 
 
-def _body(function) -> list[str]:
-    """The statements of a function, formatted by ``ast.unparse`` (no comments, no docstring)."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
-    definition = tree.body[0]
-    body = definition.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        body = body[1:]
-    return "\n".join(ast.unparse(statement) for statement in body).splitlines()
-
-
 def test_recurrent_collection_copy_matches_the_installed_upstream():
     """
     RecurrentPPOExt's squashed collection is a copy of the installed RecurrentPPO.collect_rollouts with one
     change (the env receives ``policy.unscale_action`` of the sample instead of the clipped sample): any other
     difference, e.g. a new sb3-contrib release changing the method, fails here.
     """
-    upstream, ours = _body(RecurrentPPO.collect_rollouts), _body(RecurrentPPOExt._collect_squashed_rollouts)
-    diff = [line for line in difflib.ndiff(upstream, ours) if line[:1] in "+-"]
-    removed = [line[2:].strip() for line in diff if line.startswith("-")]
-    added = [line[2:].strip() for line in diff if line.startswith("+")]
+    removed, added = copy_changes(RecurrentPPO.collect_rollouts, RecurrentPPOExt._collect_squashed_rollouts)
     assert removed == [
         "clipped_actions = actions",
         "if isinstance(self.action_space, spaces.Box):",
         "clipped_actions = np.clip(actions, self.action_space.low, self.action_space.high)",
-    ], diff
-    assert added == ["clipped_actions = self.policy.unscale_action(actions)"], diff
+    ], (removed, added)
+    assert added == ["clipped_actions = self.policy.unscale_action(actions)"], (removed, added)
 
 
 def test_recurrent_buffer_is_replaced_with_upstreams_arguments():

@@ -3,11 +3,14 @@
 import numpy as np
 import pytest
 import torch as th
+from helpers import copy_changes
+from sb3_contrib.common.recurrent.policies import RecurrentActorCriticPolicy
 from stable_baselines3 import PPO
 from stable_baselines3.common.env_util import make_vec_env
+from torch import nn
 
 from sb3_ppo_ext import MaskablePPOExt, PPOExt, RecurrentPPOExt
-from sb3_ppo_ext.policies import with_foreach_adam
+from sb3_ppo_ext.policies import RecurrentPPOExtPolicy, lean_call, runs_hooks, with_foreach_adam
 
 
 def test_with_foreach_adam_keeps_sb3s_eps_and_the_users_choices():
@@ -234,3 +237,95 @@ def test_heads_without_a_direct_step_run_upstreams_forward():
         model.learn(16)
         assert model.policy.action_parameters is None, (cls.__name__, kwargs)
         assert model.rollout_buffer.carries_pi_old  # pi_old comes from action_dist instead
+
+
+def _lean_networks() -> list[nn.Module]:
+    th.manual_seed(0)
+    return [
+        nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 16), nn.Tanh()),
+        nn.Linear(5, 3),
+        nn.Sequential(nn.Linear(5, 8), nn.ELU(), nn.Sequential(nn.Linear(8, 4), nn.ReLU(inplace=True))),  # called as modules
+        nn.Sequential(),
+    ]
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_lean_call_is_the_modules_call_bit_for_bit_values_and_gradients(index):
+    network = _lean_networks()[index]
+    x = th.randn(7, 5, generator=th.Generator().manual_seed(1))
+    results = []
+    for call in (lambda n, v: n(v), lean_call):
+        network.zero_grad()
+        inputs = x.clone().requires_grad_(True)
+        out = call(network, inputs)
+        out.square().sum().backward()
+        results.append((out.detach(), inputs.grad, [p.grad.clone() for p in network.parameters()]))
+    (out_a, grad_a, params_a), (out_b, grad_b, params_b) = results
+    assert th.equal(out_a, out_b) and th.equal(grad_a, grad_b)
+    assert all(th.equal(a, b) for a, b in zip(params_a, params_b, strict=True))
+
+
+def test_lean_call_runs_the_hooks_of_a_layer_and_of_every_module():
+    """A network with a hook, or any hook registered for every module, is called the usual way: the hooks run."""
+    network = _lean_networks()[0]
+    x = th.randn(2, 5)
+    assert not runs_hooks(network[0])
+    seen = []
+    handle = network[2].register_forward_hook(lambda module, args, output: seen.append("own"))
+    assert runs_hooks(network[2]) and not runs_hooks(network)
+    lean_call(network, x)
+    handle.remove()
+    for register in (nn.modules.module.register_module_forward_hook, nn.modules.module.register_module_forward_pre_hook):
+        handle = register(lambda module, *args: seen.append("global") if module is network[0] else None)
+        # torch keeps the hooks for every module where runs_hooks reads them (fails if a torch release moves them)
+        assert runs_hooks(network[0])
+        lean_call(network, x)
+        handle.remove()
+    assert seen == ["own", "global", "global"] and not runs_hooks(network[0])
+
+
+def test_recurrent_sequence_copy_matches_the_installed_upstream():
+    """
+    The recurrent policy's ``_process_sequence`` is sb3-contrib's with one change (the states are multiplied by
+    ``1 - episode_start`` only at steps where some sequence starts): any other difference fails here.
+    """
+    removed, added = copy_changes(RecurrentActorCriticPolicy._process_sequence, RecurrentPPOExtPolicy._process_sequence)
+    assert removed == [
+        "if th.all(episode_starts == 0.0):",
+        "for features, episode_start in zip(features_sequence, episode_starts, strict=True):",
+        "hidden, lstm_states = lstm(features.unsqueeze(dim=0), ((1.0 - episode_start).view(1, n_seq, 1) * lstm_states[0], "
+        "(1.0 - episode_start).view(1, n_seq, 1) * lstm_states[1]))",
+    ], (removed, added)
+    assert added == [
+        "resets = (episode_starts != 0.0).any(dim=1).tolist()",
+        "if not any(resets):",
+        "for features, episode_start, reset in zip(features_sequence, episode_starts, resets, strict=True):",
+        "if reset:",
+        "lstm_states = ((1.0 - episode_start).view(1, n_seq, 1) * lstm_states[0], "
+        "(1.0 - episode_start).view(1, n_seq, 1) * lstm_states[1])",
+        "hidden, lstm_states = lstm(features.unsqueeze(dim=0), lstm_states)",
+    ], (removed, added)
+
+
+@pytest.mark.parametrize("starts", ["none", "first_step", "first_and_inside", "inside_only"])
+def test_recurrent_sequence_pass_is_upstreams_bit_for_bit_values_and_gradients(starts):
+    n_seq, length, n_features = 3, 6, 4
+    generator = th.Generator().manual_seed(0)
+    lstm = nn.LSTM(n_features, 5)
+    features = th.randn(n_seq * length, n_features, generator=generator)
+    episode_starts = th.zeros(n_seq, length)
+    if starts in ("first_step", "first_and_inside"):
+        episode_starts[[0, 2], 0] = 1.0
+    if starts in ("first_and_inside", "inside_only"):
+        episode_starts[1, 3] = 1.0
+    states = tuple(th.randn(1, n_seq, 5, generator=generator) for _ in range(2))
+    results = []
+    for process in (RecurrentActorCriticPolicy._process_sequence, RecurrentPPOExtPolicy._process_sequence):
+        lstm.zero_grad()
+        inputs = features.clone().requires_grad_(True)
+        initial = tuple(state.clone().requires_grad_(True) for state in states)
+        output, (h, c) = process(inputs, initial, episode_starts.flatten(), lstm)
+        (output.square().sum() + h.sum() + 2 * c.sum()).backward()
+        grads = [inputs.grad, *(state.grad for state in initial), *(p.grad.clone() for p in lstm.parameters())]
+        results.append([output.detach(), h.detach(), c.detach(), *grads])
+    assert all(th.equal(a, b) for a, b in zip(*results, strict=True))
