@@ -79,6 +79,8 @@ class PiOldBuffer:
     device: th.device
 
     samples_class: type = PiOldRolloutBufferSamples
+    # The policy whose ``action_parameters`` add() reads, while recording() is open for it (reset() keeps it).
+    _acting_policy: Any = None
 
     def reset(self) -> None:
         super().reset()  # type: ignore[misc]
@@ -93,12 +95,23 @@ class PiOldBuffer:
     def recording(self, policy: th.nn.Module) -> Iterator[None]:
         """
         Record the distribution of every step added while the context is open from ``policy``'s
-        forward calls (a forward hook, removed on exit).
+        forward calls.
 
-        :param policy: the policy that collects the rollout (its ``action_parameters`` hold the
-            distribution of a forward call that sampled without distribution objects; otherwise SB3's
-            ``action_dist`` holds the distribution of its last forward call)
+        A policy of this package whose head steps without distribution objects (``policy.direct_head()``)
+        leaves each step's parameters in ``policy.action_parameters``, read by :meth:`add`. For any other
+        policy a forward hook (removed on exit) reads SB3's ``action_dist`` right after each forward call,
+        before a callback's ``predict`` could rebuild it.
+
+        :param policy: the policy that collects the rollout
         """
+        direct_head = getattr(policy, "direct_head", None)
+        if direct_head is not None and direct_head() is not None:
+            self._acting_policy = policy
+            try:
+                yield
+            finally:
+                self._acting_policy = None
+            return
 
         def offer(module: th.nn.Module, args: Any, output: Any) -> None:
             self._offered = None
@@ -112,11 +125,7 @@ class PiOldBuffer:
                     kinds, tensors = distribution_parameters(torch_distributions(module.action_dist))  # type: ignore[arg-type]
                 except (AttributeError, NotImplementedError):
                     return
-            self._offered = (output[2], tensors if not th.is_grad_enabled() else tuple(t.detach() for t in tensors))
-            if self.distribution_kinds is None:
-                self.distribution_kinds = kinds
-            elif kinds != self.distribution_kinds:
-                self._complete = False
+            self._offer(output[2], kinds, tensors if not th.is_grad_enabled() else tuple(t.detach() for t in tensors))
 
         handle = policy.register_forward_hook(offer)
         try:
@@ -125,10 +134,23 @@ class PiOldBuffer:
             handle.remove()
             self._offered = None
 
+    def _offer(self, log_prob: th.Tensor, kinds: tuple[str, ...], tensors: tuple[th.Tensor, ...]) -> None:
+        """File ``tensors`` (a distribution of ``kinds``) as the parameters of the step with log-probability ``log_prob``."""
+        self._offered = (log_prob, tensors)
+        if self.distribution_kinds is None:
+            self.distribution_kinds = kinds
+        elif kinds != self.distribution_kinds:
+            self._complete = False
+
     def add(
         self, obs: Any, action: Any, reward: Any, episode_start: Any, value: th.Tensor, log_prob: th.Tensor, **kwargs: Any
     ) -> None:
         """Upstream's ``add``; with the distribution of the forward call that returned ``log_prob`` filed under this step."""
+        policy = self._acting_policy
+        if policy is not None:
+            acted = policy.action_parameters
+            if acted is not None:
+                self._offer(acted[0], acted[1], acted[2])
         pos, offered = self.pos, self._offered
         self._offered = None
         super().add(obs, action, reward, episode_start, value, log_prob, **kwargs)  # type: ignore[misc]

@@ -26,6 +26,7 @@ policy as it was before the update.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import warnings
@@ -432,12 +433,15 @@ class ExtUpdateEngine:
     def collect_rollouts(self, *args: Any, **kwargs: Any) -> bool:
         """
         The algorithm's collection (:meth:`_collect_rollouts`); a buffer of :mod:`sb3_ppo_ext.buffers`
-        records each step's ``pi_old`` from the policy's forward calls meanwhile.
+        records each step's ``pi_old`` from the policy's forward calls meanwhile, and a policy of this
+        package acts on its :class:`~sb3_ppo_ext.policies.ActingPlan` (``policy.acting()``).
         """
-        buffer = self.rollout_buffer
-        if not isinstance(buffer, PiOldBuffer):
-            return self._collect_rollouts(*args, **kwargs)
-        with buffer.recording(self.policy):
+        buffer, acting = self.rollout_buffer, getattr(self.policy, "acting", None)
+        with contextlib.ExitStack() as stack:
+            if acting is not None:
+                stack.enter_context(acting())
+            if isinstance(buffer, PiOldBuffer):
+                stack.enter_context(buffer.recording(self.policy))
             return self._collect_rollouts(*args, **kwargs)
 
     def _collect_rollouts(self, *args: Any, **kwargs: Any) -> bool:

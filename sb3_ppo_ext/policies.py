@@ -22,8 +22,8 @@ from stable_baselines3.common.distributions import (
     StateDependentNoiseDistribution,
 )
 from stable_baselines3.common.policies import ActorCriticPolicy, BasePolicy
-from stable_baselines3.common.preprocessing import get_action_dim
-from stable_baselines3.common.torch_layers import CombinedExtractor, MlpExtractor, NatureCNN
+from stable_baselines3.common.preprocessing import get_action_dim, is_image_space
+from stable_baselines3.common.torch_layers import CombinedExtractor, FlattenExtractor, MlpExtractor, NatureCNN
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from stable_baselines3.common.utils import FloatSchedule, LinearSchedule
 from torch import nn
@@ -199,6 +199,110 @@ def _lean_layers(module: nn.Module, x: th.Tensor) -> th.Tensor:
     return module(x)
 
 
+def _plan_steps(module: nn.Module, modules: list[nn.Module]) -> list[Any] | None:
+    """
+    The steps of ``module`` (``nn.Linear``, ``ReLU``, ``Tanh``, ``nn.Sequential`` of them) as ``(weight, bias)``
+    pairs and activation functions, in order, appending each module to ``modules``; ``None`` for any other module.
+    """
+    modules.append(module)
+    kind = type(module)
+    if kind is nn.Linear:
+        return [(cast(nn.Linear, module).weight, cast(nn.Linear, module).bias)]
+    if kind is nn.ReLU and not cast(nn.ReLU, module).inplace:
+        return [th.relu]
+    if kind is nn.Tanh:
+        return [th.tanh]
+    if kind is not nn.Sequential:
+        return None
+    steps: list[Any] = []
+    for layer in cast(nn.Sequential, module):
+        layer_steps = _plan_steps(layer, modules)
+        if layer_steps is None:
+            return None
+        steps += layer_steps
+    return steps
+
+
+def _run_steps(steps: tuple[Any, ...], x: th.Tensor) -> th.Tensor:
+    for step in steps:
+        x = F.linear(x, *step) if type(step) is tuple else step(x)
+    return x
+
+
+class ActingPlan:
+    """
+    A policy's networks for the steps of one rollout collection (:meth:`CheckedForward.acting`): the
+    tensors and functions that SB3's ``FlattenExtractor``, ``MlpExtractor`` (``nn.Sequential`` of
+    ``nn.Linear`` and ``ReLU``/``Tanh``) and linear heads run, in their order. A step then runs them
+    without ``nn.Module.__call__`` and attribute lookups per layer: the same operations on the same tensors,
+    bit for bit (tested). Built only for a policy made of exactly those modules, on a ``Box`` (not an image
+    that SB3 scales), ``Discrete`` or ``MultiBinary`` observation space; used only while none of its modules
+    would run a hook (checked at each step).
+    """
+
+    def __init__(
+        self,
+        modules: tuple[nn.Module, ...],
+        pi: tuple[Any, ...],
+        vf: tuple[Any, ...],
+        action: tuple[th.Tensor, th.Tensor | None],
+        value: tuple[th.Tensor, th.Tensor | None],
+        one_hot: int | None = None,
+    ) -> None:
+        self.modules, self.pi, self.vf, self.action, self.value = modules, pi, vf, action, value
+        self.one_hot = one_hot
+
+    @classmethod
+    def of(cls, policy: nn.Module) -> ActingPlan | None:
+        """The plan of ``policy``'s networks, or ``None`` where one of them is another module (steps then call the modules)."""
+        space = getattr(policy, "observation_space", None)
+        if isinstance(space, spaces.Discrete):
+            one_hot: int | None = int(space.n)
+        elif isinstance(space, spaces.MultiBinary) or (
+            isinstance(space, spaces.Box) and not (getattr(policy, "normalize_images", False) and is_image_space(space))
+        ):
+            one_hot = None
+        else:  # Dict, MultiDiscrete and image observations that SB3 scales
+            return None
+        names = ("features_extractor", "pi_features_extractor", "vf_features_extractor")
+        extractors = [getattr(policy, name, None) for name in names]
+        if any(type(extractor) is not FlattenExtractor for extractor in extractors):
+            return None
+        extractor = getattr(policy, "mlp_extractor", None)
+        if type(extractor) is not MlpExtractor:
+            return None
+        modules: list[nn.Module] = [policy, *cast(list[nn.Module], extractors), extractor]
+        modules += [cast(FlattenExtractor, e).flatten for e in extractors]
+        heads = cast(list[nn.Module], [policy.action_net, policy.value_net])
+        networks = [_plan_steps(network, modules) for network in (extractor.policy_net, extractor.value_net, *heads)]
+        if any(steps is None for steps in networks):
+            return None
+        pi, vf, action, value = (tuple(cast(list[Any], steps)) for steps in networks)
+        if len(action) != 1 or len(value) != 1 or type(action[0]) is not tuple or type(value[0]) is not tuple:
+            return None
+        unique = tuple({id(module): module for module in modules[1:]}.values())  # the policy's own hooks ran already
+        return cls(unique, pi, vf, action[0], value[0], one_hot)
+
+    def usable(self) -> bool:
+        """Whether calling the networks as modules would run no hook (and no ``torch.jit.trace`` runs)."""
+        if _runs_global_hooks():
+            return False
+        for module in self.modules:  # _runs_own_hooks, inlined: this runs at every step
+            if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks:
+                return False
+        return True
+
+    def step(self, obs: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        """``(latent_pi, values, action head output)`` of the observations, as the modules compute them."""
+        # preprocess_obs (a Discrete space's one-hot encoding, else float), then FlattenExtractor
+        if self.one_hot is not None:
+            features = F.one_hot(obs.long(), num_classes=self.one_hot).float().flatten(1, -1)
+        else:
+            features = obs.float().flatten(1, -1)
+        latent_pi = _run_steps(self.pi, features)
+        return latent_pi, F.linear(_run_steps(self.vf, features), *self.value), F.linear(latent_pi, *self.action)
+
+
 class CheckedForward:
     """
     Mixin of this package's policies: ``forward`` (what a rollout's ``policy(obs)`` runs) is upstream's,
@@ -222,7 +326,7 @@ class CheckedForward:
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         output = self._direct_forward(*args, **kwargs)
         if output is None:
-            self.action_parameters = None
+            self.__dict__["action_parameters"] = None
             with unchecked_distributions():
                 output = super().forward(*args, **kwargs)  # type: ignore[misc]
         # NaN and inf survive a sum (a few log-probabilities cannot overflow it): one tensor op and one host read.
@@ -234,12 +338,39 @@ class CheckedForward:
             )
         return output
 
+    def direct_head(self) -> str | None:
+        """The head :meth:`_direct_forward` steps without distribution objects, ``None`` where it has no such path."""
+        return None
+
     def _direct_forward(self, *args: Any, **kwargs: Any) -> tuple[th.Tensor, th.Tensor, th.Tensor] | None:
         """
         The rollout step without distribution objects, or ``None`` where this policy's head has no such path
         (then ``forward`` is upstream's). Subclasses that know their head override it.
         """
         return None
+
+    _acting_plan: ActingPlan | None = None
+
+    @contextlib.contextmanager
+    def acting(self) -> Iterator[None]:
+        """
+        Marks one rollout collection: its ``forward`` calls run on an :class:`ActingPlan` of the networks,
+        built once here (the networks cannot change within a collection), and dropped on exit.
+        """
+        previous = self._acting_plan
+        self._acting_plan = ActingPlan.of(cast(nn.Module, self))
+        try:
+            yield
+        finally:
+            self._acting_plan = previous
+
+    def _step_outputs(self, obs: PyTorchObs) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        """``(latent_pi, values, action head output)`` of a rollout step: through the acting plan where there is one."""
+        plan = self._acting_plan
+        if plan is not None and plan.usable():
+            return plan.step(cast(th.Tensor, obs))
+        latent_pi, latent_vf = self._latents(obs)
+        return latent_pi, lean_call(self.value_net, latent_vf), lean_call(self.action_net, latent_pi)  # type: ignore[attr-defined]
 
     def _latents(self, obs: PyTorchObs) -> tuple[th.Tensor, th.Tensor]:
         # Same steps as the start of upstream's ``forward`` and ``evaluate_actions``, which have no hook
@@ -259,7 +390,8 @@ class CheckedForward:
     def _acted(
         self, actions: th.Tensor, values: th.Tensor, log_prob: th.Tensor, kind: str, parameters: tuple[th.Tensor, ...]
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
-        self.action_parameters = (log_prob, (kind,), parameters)
+        # Set in the instance's dict: what nn.Module.__setattr__ does for a plain value, without its checks.
+        self.__dict__["action_parameters"] = (log_prob, (kind,), parameters)
         return actions.reshape((-1, *self.action_space.shape)), values, log_prob  # type: ignore[attr-defined]
 
 
@@ -579,30 +711,39 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
             )
         return distribution
 
+    def direct_head(self) -> str | None:
+        """
+        ``"gaussian"``, ``"sde"`` or ``"categorical"``: the head :meth:`_direct_forward` steps without distribution
+        objects; ``None`` for the others (Beta, MultiDiscrete, MultiBinary, gSDE with its own squashing or with
+        ``state_dependent_std``, a subclass's own ``_get_action_dist_from_latent``).
+        """
+        if type(self)._get_action_dist_from_latent is not PPOExtActorCriticPolicy._get_action_dist_from_latent:
+            return None
+        dist = self.action_dist
+        if type(dist) is DiagGaussianDistribution:
+            return "gaussian"
+        if type(dist) is StateDependentNoiseDistribution and dist.bijector is None and not self.state_dependent_std:
+            return "sde"
+        return "categorical" if type(dist) is CategoricalDistribution else None
+
     def _direct_forward(self, obs: PyTorchObs, deterministic: bool = False) -> tuple[th.Tensor, th.Tensor, th.Tensor] | None:
         """
         Upstream's ``forward`` without distribution objects for the Gaussian heads (squashed or not, gSDE
         or not) and the categorical head, where ``_get_action_dist_from_latent`` is this class's; ``None``
         (upstream's ``forward``) for the Beta, MultiDiscrete and MultiBinary heads.
         """
-        dist = self.action_dist  # the squashed head wraps it per call (_get_action_dist_from_latent)
-        gaussian = type(dist) is DiagGaussianDistribution
-        sde = type(dist) is StateDependentNoiseDistribution and dist.bijector is None and not self.state_dependent_std
-        categorical = type(dist) is CategoricalDistribution
-        if not (gaussian or sde or categorical) or (
-            type(self)._get_action_dist_from_latent is not PPOExtActorCriticPolicy._get_action_dist_from_latent
-        ):
+        kind = self.direct_head()
+        if kind is None:
             return None
-        latent_pi, latent_vf = self._latents(obs)
-        values = lean_call(self.value_net, latent_vf)
-        head = lean_call(self.action_net, latent_pi)
-        if categorical:
+        dist = self.action_dist  # the squashed head wraps it per call (_get_action_dist_from_latent)
+        latent_pi, values, head = self._step_outputs(obs)
+        if kind == "categorical":
             actions, log_prob, logits = direct_categorical(head, deterministic)
             return self._acted(actions, values, log_prob, "categorical", logits)
         noise = None
-        if gaussian:  # DiagGaussianDistribution.proba_distribution
+        if kind == "gaussian":  # DiagGaussianDistribution.proba_distribution
             log_std = self._bounded_log_std(latent_pi) if self.state_dependent_std else self.log_std
-            scale = th.ones_like(head) * log_std.exp()
+            scale = log_std.exp().expand_as(head)  # SB3: ones_like(head) * exp(log_std), the same values (x * 1 == x)
         else:  # StateDependentNoiseDistribution.proba_distribution and sample
             latent_sde = latent_pi if dist.learn_features else latent_pi.detach()  # type: ignore[attr-defined]
             scale = th.sqrt(th.mm(latent_sde**2, dist.get_std(self.log_std) ** 2) + dist.epsilon)  # type: ignore[attr-defined]
@@ -764,6 +905,15 @@ class MaskablePPOExtPolicy(CheckedForward, NetworkLearningRates, MaskableActorCr
         super().__init__(*args, **with_foreach_adam(kwargs, fused=self.fast))
         self._init_network_learning_rates(learning_rates)
 
+    def direct_head(self) -> str | None:
+        """``"masked"``: the masked categorical head (``Discrete`` actions, no distribution objects per step), or ``None``."""
+        if (
+            type(self.action_dist) is not MaskableCategoricalDistribution
+            or type(self)._get_action_dist_from_latent is not MaskableActorCriticPolicy._get_action_dist_from_latent
+        ):
+            return None
+        return "masked"
+
     def _direct_forward(
         self, obs: PyTorchObs, deterministic: bool = False, action_masks: np.ndarray | None = None
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor] | None:
@@ -772,16 +922,10 @@ class MaskablePPOExtPolicy(CheckedForward, NetworkLearningRates, MaskableActorCr
         actions), where ``_get_action_dist_from_latent`` is upstream's; ``None`` (upstream's ``forward``)
         for ``MultiDiscrete`` and ``MultiBinary``.
         """
-        if (
-            type(self.action_dist) is not MaskableCategoricalDistribution
-            or type(self)._get_action_dist_from_latent is not MaskableActorCriticPolicy._get_action_dist_from_latent
-        ):
+        if self.direct_head() is None:
             return None
-        latent_pi, latent_vf = self._latents(obs)
-        values = lean_call(self.value_net, latent_vf)
-        actions, log_prob, parameters = direct_categorical(
-            lean_call(self.action_net, latent_pi), deterministic, action_masks, masked=True
-        )
+        _, values, head = self._step_outputs(obs)
+        actions, log_prob, parameters = direct_categorical(head, deterministic, action_masks, masked=True)
         return self._acted(actions, values, log_prob, "categorical", parameters)
 
     def evaluate_actions_and_distribution(
@@ -920,8 +1064,11 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
             )
         return super().forward(obs, lstm_states, episode_starts, deterministic)
 
-    def _direct_forward(self, *args: Any, **kwargs: Any) -> None:
+    def direct_head(self) -> None:
         return None  # the LSTM's forward (states in, states out) is upstream's
+
+    def _direct_forward(self, *args: Any, **kwargs: Any) -> None:
+        return None
 
     @staticmethod
     def _process_sequence(

@@ -1,5 +1,7 @@
 """The package's policies: what they add to upstream's on the hot path (foreach Adam, one finite check in forward)."""
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch as th
@@ -159,10 +161,11 @@ def _upstream_forward(policy, obs, deterministic, masks=None):
     return output, distribution_parameters(torch_distributions(policy.action_dist))
 
 
-def _direct_and_upstream(model, obs, deterministic, masks=None):
+def _direct_and_upstream(model, obs, deterministic, masks=None, plan=False):
     kwargs = {} if masks is None else {"action_masks": masks}
     th.manual_seed(7)
-    with th.no_grad():
+    with th.no_grad(), model.policy.acting() if plan else contextlib.nullcontext():
+        assert (model.policy._acting_plan is not None) == plan
         direct = model.policy(obs, deterministic, **kwargs)
     direct_state, acted = th.get_rng_state(), model.policy.action_parameters
     th.manual_seed(7)
@@ -198,8 +201,12 @@ def _direct_and_upstream(model, obs, deterministic, masks=None):
 )
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("n_envs", [1, 4])
-def test_forward_without_distribution_objects_is_upstreams_bit_for_bit(env_id, policy_kwargs, deterministic, n_envs):
-    """The direct rollout step: upstream's actions, values, log-probabilities, random draws and pi_old parameters."""
+@pytest.mark.parametrize("plan", [False, True], ids=["modules", "acting_plan"])
+def test_forward_without_distribution_objects_is_upstreams_bit_for_bit(env_id, policy_kwargs, deterministic, n_envs, plan):
+    """
+    The direct rollout step, with the networks called as modules or run from the acting plan (as in a
+    collection): upstream's actions, values, log-probabilities, random draws and pi_old parameters.
+    """
     env = make_vec_env(env_id, n_envs=n_envs, seed=0)
     policy_kwargs = dict(policy_kwargs)
     use_sde = policy_kwargs.pop("use_sde", False)
@@ -208,19 +215,20 @@ def test_forward_without_distribution_objects_is_upstreams_bit_for_bit(env_id, p
         for parameter in model.policy.parameters():
             parameter.add_(0.3 * th.randn_like(parameter))
     obs = th.as_tensor(env.reset(), dtype=th.float32)
-    _direct_and_upstream(model, obs, deterministic)
+    _direct_and_upstream(model, obs, deterministic, plan=plan)
 
 
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_maskable_forward_without_distribution_objects_is_upstreams_bit_for_bit(masked, deterministic):
+@pytest.mark.parametrize("plan", [False, True], ids=["modules", "acting_plan"])
+def test_maskable_forward_without_distribution_objects_is_upstreams_bit_for_bit(masked, deterministic, plan):
     from sb3_contrib.common.envs import InvalidActionEnvDiscrete
 
     env = make_vec_env(lambda: InvalidActionEnvDiscrete(dim=6, n_invalid_actions=3), n_envs=3, seed=0)
     model = MaskablePPOExt("MlpPolicy", env, seed=0)
     obs = th.as_tensor(env.reset(), dtype=th.float32)
     masks = np.stack(env.env_method("action_masks")) if masked else None
-    _direct_and_upstream(model, obs, deterministic, masks)
+    _direct_and_upstream(model, obs, deterministic, masks, plan=plan)
 
 
 def test_heads_without_a_direct_step_run_upstreams_forward():
@@ -329,3 +337,95 @@ def test_recurrent_sequence_pass_is_upstreams_bit_for_bit_values_and_gradients(s
         grads = [inputs.grad, *(state.grad for state in initial), *(p.grad.clone() for p in lstm.parameters())]
         results.append([output.detach(), h.detach(), c.detach(), *grads])
     assert all(th.equal(a, b) for a, b in zip(*results, strict=True))
+
+
+@pytest.mark.parametrize(
+    "policy_kwargs, built",
+    [
+        (dict(), True),
+        (dict(net_arch=dict(pi=[8, 8], vf=[4]), activation_fn=nn.ReLU, share_features_extractor=False), True),
+        (dict(activation_fn=nn.ELU), False),  # a layer outside the plan's: called as modules
+        (dict(net_arch=[]), True),  # no hidden layers: the heads on the features
+    ],
+    ids=["default", "unshared_relu", "elu", "no_hidden_layers"],
+)
+def test_acting_plan_is_built_only_for_sb3s_standard_networks(policy_kwargs, built):
+    from sb3_ppo_ext.policies import ActingPlan
+
+    model = PPOExt("MlpPolicy", "CartPole-v1", policy_kwargs=policy_kwargs)
+    assert (ActingPlan.of(model.policy) is not None) == built
+    obs = th.as_tensor(np.stack([model.observation_space.sample() for _ in range(3)]))
+    _direct_and_upstream(model, obs, False, plan=False)
+    if built:
+        _direct_and_upstream(model, obs, False, plan=True)
+
+
+def test_acting_plan_is_not_built_for_scaled_images_dict_or_multidiscrete_observations():
+    from gymnasium import spaces
+
+    from sb3_ppo_ext.policies import ActingPlan, PPOExtActorCriticPolicy
+
+    image = spaces.Box(0, 255, (36, 36, 1), dtype=np.uint8)
+    for space, normalize in ((image, True), (image, False)):
+        policy = PPOExtActorCriticPolicy(
+            space, spaces.Discrete(2), lambda _: 1e-3, normalize_images=normalize, net_arch=[4]
+        )  # MlpPolicy on an image: SB3 scales it by 255 when normalize_images is on
+        assert (ActingPlan.of(policy) is not None) == (not normalize)
+    model = PPOExt("MultiInputPolicy", _dict_env(), n_steps=8, batch_size=8)
+    assert ActingPlan.of(model.policy) is None
+    multi_discrete = PPOExtActorCriticPolicy(spaces.MultiDiscrete([2, 3]), spaces.Discrete(2), lambda _: 1e-3, net_arch=[4])
+    assert ActingPlan.of(multi_discrete) is None
+
+
+def _dict_env():
+    import gymnasium as gym
+    from gymnasium import spaces
+
+    class DictEnv(gym.Env):
+        observation_space = spaces.Dict({"a": spaces.Box(-1, 1, (2,)), "b": spaces.Box(-1, 1, (3,))})
+        action_space = spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            return self.observation_space.sample(), {}
+
+        def step(self, action):
+            return self.observation_space.sample(), 0.0, False, False, {}
+
+    return DictEnv()
+
+
+def test_a_hook_registered_during_a_collection_runs_and_the_plan_lives_for_the_collection():
+    """The plan runs the networks only while no hook would run; a hook added mid-collection runs at the next step."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    from sb3_ppo_ext.policies import ActingPlan
+
+    model = PPOExt("MlpPolicy", "Pendulum-v1", n_steps=16, batch_size=16, n_epochs=1, seed=0)
+    seen, planned, collected = [], [], []
+    original_step = ActingPlan.step
+
+    class AddHook(BaseCallback):
+        def _on_step(self) -> bool:
+            policy = self.model.policy
+            planned.append(policy._acting_plan is not None and not policy._forward_hooks)  # pi_old needs no hook
+            if self.num_timesteps == 8:
+                policy.mlp_extractor.value_net[0].register_forward_hook(lambda module, args, output: seen.append(1))
+            return True
+
+        def _on_rollout_end(self) -> None:
+            collected.append(len(seen))  # the hook's calls in the collection (the update calls the network too)
+
+    def counting_step(plan, obs):
+        planned.append("plan")
+        return original_step(plan, obs)
+
+    ActingPlan.step = counting_step
+    try:
+        model.learn(16, callback=AddHook())
+    finally:
+        ActingPlan.step = original_step
+    assert planned == ["plan", True] * 8 + [True] * 8  # after the hook, the modules are called
+    # 8 steps after the hook, and the last observation's value (predict_values) at the rollout's end
+    assert collected == [9] and model.policy._acting_plan is None
+    assert model.rollout_buffer.carries_pi_old
