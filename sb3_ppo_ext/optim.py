@@ -1,0 +1,131 @@
+"""
+The update's optimizer step (``zero_grad``, ``clip_grad_norm_``, ``Adam.step``) with less overhead per minibatch.
+
+:class:`OptimizerStep` runs the three calls of SB3's PPO minibatch step. For SB3's default optimizer as the
+package's policies build it (``torch.optim.Adam`` with ``foreach=True``, no AMSGrad, weight decay, maximize,
+capturable, differentiable or fused mode, no hooks) it runs the same tensor operations as torch's functions, in
+the same order, without their per-call Python work (profiling scopes, argument checks, per-parameter state
+lookups): the same gradients, norms, moments and parameters, bit for bit. A test compares them with the
+installed torch over many steps and fails if a torch release changes its arithmetic. Any other optimizer or
+setting, and Adam's first step (which creates its state), goes through torch's own calls.
+"""
+
+from __future__ import annotations
+
+import torch as th
+from torch.optim import optimizer as torch_optimizer
+
+# The settings of an Adam parameter group that the lean step reproduces (any other value: torch's step).
+_LEAN_ADAM_GROUP = dict(
+    foreach=True,
+    amsgrad=False,
+    maximize=False,
+    capturable=False,
+    differentiable=False,
+    fused=None,
+    weight_decay=0,
+    decoupled_weight_decay=False,
+)
+
+
+def _runs_optimizer_hooks(optimizer: th.optim.Optimizer) -> bool:
+    """Whether ``optimizer.step()`` would run a hook (its own, or one registered for every optimizer)."""
+    return bool(
+        optimizer._optimizer_step_pre_hooks
+        or optimizer._optimizer_step_post_hooks
+        or torch_optimizer._global_optimizer_pre_hooks
+        or torch_optimizer._global_optimizer_post_hooks
+    )
+
+
+class OptimizerStep:
+    """
+    One update's ``optimizer.zero_grad()``, ``clip_grad_norm_(parameters, max_norm)`` and ``optimizer.step()``
+    (see the module docstring for when they take the lean path).
+
+    :param optimizer: the policy's optimizer
+    :param parameters: the parameters whose gradients are clipped (the policy's, as SB3's PPO clips them)
+    :param max_norm: ``max_grad_norm``
+    """
+
+    def __init__(self, optimizer: th.optim.Optimizer, parameters: list[th.Tensor], max_norm: float) -> None:
+        self.optimizer, self.parameters, self.max_norm = optimizer, parameters, float(max_norm)
+        self.optimized = [p for group in optimizer.param_groups for p in group["params"]]
+        layouts = {(p.device, p.dtype) for p in parameters}
+        self._lean_clip = len(layouts) == 1 and all(type(p) in (th.Tensor, th.nn.Parameter) for p in parameters)
+        self._lean_zero_grad = type(optimizer).zero_grad is th.optim.Optimizer.zero_grad
+        self._lean_adam = (
+            type(optimizer) is th.optim.Adam
+            and all(
+                all(group.get(key) == value for key, value in _LEAN_ADAM_GROUP.items())
+                and all(isinstance(group[key], float) for key in ("lr", "eps"))
+                and all(isinstance(beta, float) for beta in group["betas"])
+                for group in optimizer.param_groups
+            )
+            and all(not p.is_complex() and type(p) in (th.Tensor, th.nn.Parameter) for p in self.optimized)
+            and getattr(optimizer, "grad_scale", None) is None
+            and getattr(optimizer, "found_inf", None) is None
+        )
+
+    def zero_grad(self) -> None:
+        """``optimizer.zero_grad()`` (torch's default, ``set_to_none=True``): every optimized gradient set to ``None``."""
+        if not self._lean_zero_grad:
+            self.optimizer.zero_grad()
+            return
+        for parameter in self.optimized:
+            parameter.grad = None
+
+    @th.no_grad()
+    def clip(self) -> th.Tensor:
+        """``torch.nn.utils.clip_grad_norm_(parameters, max_norm)``: the total norm, the gradients scaled in place."""
+        grads = [p.grad for p in self.parameters if p.grad is not None]
+        if not self._lean_clip or not grads or any(g.is_sparse for g in grads):
+            return th.nn.utils.clip_grad_norm_(self.parameters, self.max_norm)
+        total_norm = th.linalg.vector_norm(th.stack(th._foreach_norm(grads, 2.0)), 2.0)
+        th._foreach_mul_(grads, th.clamp(self.max_norm / (total_norm + 1e-6), max=1.0))
+        return total_norm
+
+    def step(self) -> None:
+        """``optimizer.step()``."""
+        if not self._lean_adam or _runs_optimizer_hooks(self.optimizer) or not self._adam_step():
+            self.optimizer.step()
+
+    @th.no_grad()
+    def _adam_step(self) -> bool:
+        """
+        torch's multi-tensor Adam (``_multi_tensor_adam`` without its optional branches) on every group, or
+        ``False`` (nothing changed) where a parameter with a gradient has no state yet (Adam's first step
+        creates it), a gradient is sparse, or a group mixes devices or dtypes.
+        """
+        state = self.optimizer.state
+        work = []
+        for group in self.optimizer.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            states = [state.get(p) for p in params]
+            grads = [p.grad for p in params]
+            if any(not s for s in states) or any(g is None or g.is_sparse for g in grads):
+                return False
+            if len({(p.device, p.dtype) for p in params}) != 1:
+                return False
+            work.append((group, params, grads, states))
+        one = th.tensor(1.0, device="cpu")  # torch adds a CPU tensor to the CPU step counters (alpha=1.0)
+        for group, params, grads, states in work:
+            beta1, beta2 = group["betas"]
+            lr, eps = group["lr"], group["eps"]
+            steps = [s["step"] for s in states]  # type: ignore[index]
+            exp_avgs = [s["exp_avg"] for s in states]  # type: ignore[index]
+            exp_avg_sqs = [s["exp_avg_sq"] for s in states]  # type: ignore[index]
+            th._foreach_add_(steps, one, alpha=1.0)
+            th._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+            th._foreach_mul_(exp_avg_sqs, beta2)
+            th._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
+            counts = [step.item() for step in steps]
+            step_size = [(lr / (1 - beta1**count)) * -1 for count in counts]
+            bias_correction2_sqrt = [(1 - beta2**count) ** 0.5 for count in counts]
+            exp_avg_sq_sqrt = th._foreach_sqrt(exp_avg_sqs)
+            th._foreach_div_(exp_avg_sq_sqrt, bias_correction2_sqrt)
+            th._foreach_add_(exp_avg_sq_sqrt, eps)
+            th._foreach_addcdiv_(params, exp_avgs, exp_avg_sq_sqrt, step_size)
+        return True

@@ -1,0 +1,132 @@
+"""The lean optimizer step: torch's zero_grad, clip_grad_norm_ and multi-tensor Adam, bit for bit, or torch's own calls."""
+
+import pytest
+import torch as th
+from torch import nn
+from torch.optim import optimizer as torch_optimizer
+
+from sb3_ppo_ext.optim import OptimizerStep, _runs_optimizer_hooks
+
+
+class _Network(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 3))
+        self.unused = nn.Linear(2, 2)  # never in the loss: its gradients stay None
+
+    def forward(self, x: th.Tensor) -> th.Tensor:
+        return self.body(x)
+
+
+def _network() -> nn.Module:
+    th.manual_seed(0)
+    return _Network()
+
+
+def _groups(network: nn.Module, two_groups: bool) -> list[dict]:
+    if not two_groups:
+        return [dict(params=list(network.parameters()))]
+    first = list(network.body[0].parameters())
+    return [dict(params=first, lr=1e-2), dict(params=[p for p in network.parameters() if all(p is not q for q in first)])]
+
+
+def _train(network, optimizer, steps, lean: bool, max_norm: float) -> list[th.Tensor]:
+    parameters = list(network.parameters())
+    stepper = OptimizerStep(optimizer, parameters, max_norm)
+    generator = th.Generator().manual_seed(1)
+    norms = []
+    for _ in range(steps):
+        x = th.randn(32, 5, generator=generator)
+        if lean:
+            stepper.zero_grad()
+        else:
+            optimizer.zero_grad()
+        (network(x) ** 3).mean().backward()
+        norms.append(stepper.clip() if lean else th.nn.utils.clip_grad_norm_(parameters, max_norm))
+        if lean:
+            stepper.step()
+        else:
+            optimizer.step()
+        for group in optimizer.param_groups:  # a schedule, as SB3 sets it before each update
+            group["lr"] = group["lr"] * 0.99
+    return norms
+
+
+def _state(network, optimizer):
+    tensors = [p.detach().clone() for p in network.parameters()]
+    for p in network.parameters():
+        if p in optimizer.state:
+            tensors += [t.clone() for t in optimizer.state[p].values() if isinstance(t, th.Tensor)]
+        tensors.append(th.zeros(0) if p.grad is None else p.grad.clone())
+    return tensors
+
+
+@pytest.mark.parametrize("two_groups", [False, True], ids=["one_group", "two_groups"])
+@pytest.mark.parametrize("max_norm", [0.05, 100.0], ids=["clipping", "not_clipping"])
+def test_lean_step_is_torchs_zero_grad_clip_and_adam_bit_for_bit(two_groups, max_norm):
+    results = []
+    for lean in (False, True):
+        network = _network()
+        optimizer = th.optim.Adam(_groups(network, two_groups), lr=3e-3, eps=1e-5, foreach=True)
+        norms = _train(network, optimizer, 40, lean, max_norm)
+        results.append((th.stack(norms), _state(network, optimizer)))
+    (norms_torch, state_torch), (norms_lean, state_lean) = results
+    assert th.equal(norms_torch, norms_lean)
+    assert len(state_torch) == len(state_lean)
+    assert all(th.equal(a, b) for a, b in zip(state_torch, state_lean, strict=True))
+    assert OptimizerStep(optimizer, list(network.parameters()), max_norm)._lean_adam
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda params: th.optim.Adam(params, amsgrad=True, foreach=True),
+        lambda params: th.optim.Adam(params, weight_decay=0.1, foreach=True),
+        lambda params: th.optim.Adam(params, foreach=False),
+        lambda params: th.optim.Adam(params, maximize=True, foreach=True),
+        lambda params: th.optim.AdamW(params, foreach=True),
+        lambda params: th.optim.SGD(params, lr=0.1, momentum=0.9),
+    ],
+    ids=["amsgrad", "weight_decay", "for_loop", "maximize", "adamw", "sgd"],
+)
+def test_other_optimizers_and_settings_take_torchs_own_step(make):
+    results = []
+    for lean in (False, True):
+        network = _network()
+        optimizer = make(list(network.parameters()))
+        norms = _train(network, optimizer, 10, lean, 0.5)
+        results.append((th.stack(norms), _state(network, optimizer)))
+    assert not OptimizerStep(optimizer, list(network.parameters()), 0.5)._lean_adam
+    assert th.equal(results[0][0], results[1][0])
+    assert all(th.equal(a, b) for a, b in zip(results[0][1], results[1][1], strict=True))
+
+
+def test_optimizer_hooks_run_and_an_own_zero_grad_is_called():
+    """A step hook (the optimizer's own or one for every optimizer) runs: such a step is torch's."""
+    network = _network()
+    optimizer = th.optim.Adam(network.parameters(), foreach=True)
+    _train(network, optimizer, 2, True, 0.5)  # past the first step: the lean path applies
+    stepper = OptimizerStep(optimizer, list(network.parameters()), 0.5)
+    calls = []
+    for name, register in (
+        ("own", optimizer.register_step_pre_hook),
+        ("every optimizer's", torch_optimizer.register_optimizer_step_post_hook),
+    ):
+        handle = register(lambda *args, name=name: calls.append(name))
+        # torch keeps the hooks where the lean step looks for them (fails if a torch release moves them)
+        assert _runs_optimizer_hooks(optimizer)
+        (network(th.randn(4, 5)) ** 2).mean().backward()
+        stepper.step()
+        handle.remove()
+    assert calls == ["own", "every optimizer's"] and not _runs_optimizer_hooks(optimizer)
+
+    class OwnZeroGrad(th.optim.Adam):
+        cleared = 0
+
+        def zero_grad(self, set_to_none: bool = True) -> None:
+            OwnZeroGrad.cleared += 1
+            super().zero_grad(set_to_none)
+
+    own = OwnZeroGrad(network.parameters(), foreach=True)
+    OptimizerStep(own, list(network.parameters()), 0.5).zero_grad()
+    assert OwnZeroGrad.cleared == 1 and all(p.grad is None for p in network.parameters())
