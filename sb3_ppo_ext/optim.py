@@ -2,12 +2,13 @@
 The update's optimizer step (``zero_grad``, ``clip_grad_norm_``, ``Adam.step``) with less overhead per minibatch.
 
 :class:`OptimizerStep` runs the three calls of SB3's PPO minibatch step. For SB3's default optimizer as the
-package's policies build it (``torch.optim.Adam`` with ``foreach=True``, no AMSGrad, weight decay, maximize,
-capturable, differentiable or fused mode, no hooks) it runs the same tensor operations as torch's functions, in
-the same order, without their per-call Python work (profiling scopes, argument checks, per-parameter state
-lookups): the same gradients, norms, moments and parameters, bit for bit. A test compares them with the
-installed torch over many steps and fails if a torch release changes its arithmetic. Any other optimizer or
-setting, and Adam's first step (which creates its state), goes through torch's own calls.
+package's policies build it (``torch.optim.Adam`` with ``foreach=True``, or ``fused=True`` in the fast mode;
+no AMSGrad, weight decay, maximize, capturable or differentiable mode, no hooks) it runs the same tensor
+operations as torch's functions, in the same order, without their per-call Python work (profiling scopes,
+argument checks, per-parameter state lookups): the same gradients, norms, moments and parameters, bit for
+bit. A test compares them with the installed torch over many steps and fails if a torch release changes its
+arithmetic. Any other optimizer or setting, and Adam's first step (which creates its state), goes through
+torch's own calls.
 """
 
 from __future__ import annotations
@@ -15,17 +16,31 @@ from __future__ import annotations
 import torch as th
 from torch.optim import optimizer as torch_optimizer
 
-# The settings of an Adam parameter group that the lean step reproduces (any other value: torch's step).
+# The settings of an Adam parameter group that the lean step reproduces (any other value: torch's step),
+# and its two implementations: multi-tensor (foreach, SB3's default as this package's policies build it)
+# and fused (the fast mode's).
 _LEAN_ADAM_GROUP = dict(
-    foreach=True,
     amsgrad=False,
     maximize=False,
     capturable=False,
     differentiable=False,
-    fused=None,
     weight_decay=0,
     decoupled_weight_decay=False,
 )
+_LEAN_ADAM_MODES = {(True, None): "foreach", (True, False): "foreach", (None, True): "fused", (False, True): "fused"}
+
+
+def _adam_mode(group: dict) -> str | None:
+    """``"foreach"`` or ``"fused"``: the implementation an Adam parameter group runs, where the lean step reproduces it."""
+    if any(group.get(key) != value for key, value in _LEAN_ADAM_GROUP.items()):
+        return None
+    if not (
+        isinstance(group["lr"], float)
+        and isinstance(group["eps"], float)
+        and all(isinstance(b, float) for b in group["betas"])
+    ):
+        return None
+    return _LEAN_ADAM_MODES.get((group.get("foreach"), group.get("fused")))
 
 
 def _runs_optimizer_hooks(optimizer: th.optim.Optimizer) -> bool:
@@ -56,12 +71,7 @@ class OptimizerStep:
         self._lean_zero_grad = type(optimizer).zero_grad is th.optim.Optimizer.zero_grad
         self._lean_adam = (
             type(optimizer) is th.optim.Adam
-            and all(
-                all(group.get(key) == value for key, value in _LEAN_ADAM_GROUP.items())
-                and all(isinstance(group[key], float) for key in ("lr", "eps"))
-                and all(isinstance(beta, float) for beta in group["betas"])
-                for group in optimizer.param_groups
-            )
+            and all(_adam_mode(group) is not None for group in optimizer.param_groups)
             and all(not p.is_complex() and type(p) in (th.Tensor, th.nn.Parameter) for p in self.optimized)
             and getattr(optimizer, "grad_scale", None) is None
             and getattr(optimizer, "found_inf", None) is None
@@ -117,6 +127,13 @@ class OptimizerStep:
             steps = [s["step"] for s in states]  # type: ignore[index]
             exp_avgs = [s["exp_avg"] for s in states]  # type: ignore[index]
             exp_avg_sqs = [s["exp_avg_sq"] for s in states]  # type: ignore[index]
+            if _adam_mode(group) == "fused":  # _fused_adam: the step counters, then one kernel
+                th._foreach_add_(steps, 1)
+                th._fused_adam_(
+                    params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, lr=lr, beta1=beta1, beta2=beta2,
+                    weight_decay=0.0, eps=eps, maximize=False, grad_scale=None, found_inf=None,
+                )  # fmt: skip
+                continue
             th._foreach_add_(steps, one, alpha=1.0)
             th._foreach_lerp_(exp_avgs, grads, 1 - beta1)
             th._foreach_mul_(exp_avg_sqs, beta2)

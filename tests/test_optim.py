@@ -63,11 +63,13 @@ def _state(network, optimizer):
 
 @pytest.mark.parametrize("two_groups", [False, True], ids=["one_group", "two_groups"])
 @pytest.mark.parametrize("max_norm", [0.05, 100.0], ids=["clipping", "not_clipping"])
-def test_lean_step_is_torchs_zero_grad_clip_and_adam_bit_for_bit(two_groups, max_norm):
+@pytest.mark.parametrize("mode", ["foreach", "fused"])
+def test_lean_step_is_torchs_zero_grad_clip_and_adam_bit_for_bit(two_groups, max_norm, mode):
+    """SB3's default Adam as the policies build it (foreach) and the fast mode's (fused): torch's results exactly."""
     results = []
     for lean in (False, True):
         network = _network()
-        optimizer = th.optim.Adam(_groups(network, two_groups), lr=3e-3, eps=1e-5, foreach=True)
+        optimizer = th.optim.Adam(_groups(network, two_groups), lr=3e-3, eps=1e-5, **{mode: True})
         norms = _train(network, optimizer, 40, lean, max_norm)
         results.append((th.stack(norms), _state(network, optimizer)))
     (norms_torch, state_torch), (norms_lean, state_lean) = results
