@@ -182,40 +182,45 @@ def lean_call(module: nn.Module, x: th.Tensor) -> th.Tensor:
     return _lean_layers(module, x)
 
 
+def _layer_step(module: nn.Module) -> tuple[th.Tensor, th.Tensor | None] | Callable[[th.Tensor], th.Tensor] | None:
+    """
+    What a layer's ``forward`` computes, for the layers SB3 builds its networks from: ``(weight, bias)`` of
+    an ``nn.Linear`` (``F.linear``), the function of a ``ReLU`` (not in place) or ``Tanh``; ``None`` otherwise.
+    """
+    kind = type(module)
+    if kind is nn.Linear:
+        return cast(nn.Linear, module).weight, cast(nn.Linear, module).bias
+    if kind is nn.ReLU and not cast(nn.ReLU, module).inplace:
+        return th.relu
+    if kind is nn.Tanh:
+        return th.tanh
+    return None
+
+
 def _lean_layers(module: nn.Module, x: th.Tensor) -> th.Tensor:
     if _runs_own_hooks(module):
         return module(x)
-    kind = type(module)
-    if kind is nn.Linear:
-        return F.linear(x, cast(nn.Linear, module).weight, cast(nn.Linear, module).bias)
-    if kind is nn.Sequential:
-        for layer in cast(nn.Sequential, module):
+    if type(module) is nn.Sequential:
+        for layer in module:
             x = _lean_layers(layer, x)
         return x
-    if kind is nn.ReLU and not cast(nn.ReLU, module).inplace:
-        return th.relu(x)
-    if kind is nn.Tanh:
-        return th.tanh(x)
-    return module(x)
+    step = _layer_step(module)
+    if step is None:
+        return module(x)
+    return F.linear(x, *step) if type(step) is tuple else step(x)  # type: ignore[operator]
 
 
 def _plan_steps(module: nn.Module, modules: list[nn.Module]) -> list[Any] | None:
     """
-    The steps of ``module`` (``nn.Linear``, ``ReLU``, ``Tanh``, ``nn.Sequential`` of them) as ``(weight, bias)``
-    pairs and activation functions, in order, appending each module to ``modules``; ``None`` for any other module.
+    The steps (:func:`_layer_step`) of ``module``, a layer or an ``nn.Sequential`` of layers, in order,
+    appending each module to ``modules``; ``None`` if one of them is another module.
     """
     modules.append(module)
-    kind = type(module)
-    if kind is nn.Linear:
-        return [(cast(nn.Linear, module).weight, cast(nn.Linear, module).bias)]
-    if kind is nn.ReLU and not cast(nn.ReLU, module).inplace:
-        return [th.relu]
-    if kind is nn.Tanh:
-        return [th.tanh]
-    if kind is not nn.Sequential:
-        return None
+    if type(module) is not nn.Sequential:
+        step = _layer_step(module)
+        return None if step is None else [step]
     steps: list[Any] = []
-    for layer in cast(nn.Sequential, module):
+    for layer in module:
         layer_steps = _plan_steps(layer, modules)
         if layer_steps is None:
             return None
@@ -358,7 +363,7 @@ class CheckedForward:
         built once here (the networks cannot change within a collection), and dropped on exit.
         """
         previous = self._acting_plan
-        self._acting_plan = ActingPlan.of(cast(nn.Module, self))
+        self._acting_plan = ActingPlan.of(cast(nn.Module, self)) if self.direct_head() is not None else None
         try:
             yield
         finally:
