@@ -64,6 +64,14 @@ ALGOS: dict[str, tuple[str, dict[str, Any], str]] = {
         {"policy_kwargs": {"fast": True}},
         "PPOExt, the shipped entry with fast mode on (policy_kwargs.fast: True)",
     ),
+    # RecurrentPPOExt's fast mode (fused Adam and the LSTM over whole sequences in one call) against its
+    # default at 10 seeds ("fast-lstm" suite).
+    "ppo_lstm_ext": ("ppo_lstm_ext", {}, "RecurrentPPOExt, the shipped ppo_lstm_ext.yml entry as it is"),
+    "ppo_lstm_ext_fast": (
+        "ppo_lstm_ext",
+        {"policy_kwargs": {"fast": True}},
+        "RecurrentPPOExt, the shipped entry with fast mode on (policy_kwargs.fast: True)",
+    ),
     "ppo_ext_tuned": (
         "ppo_ext",
         {},
@@ -124,6 +132,7 @@ HEADS_GSDE = (*HEADS, "ppo_ext_gauss_nosde", "ppo_ext_clip_nosde")
 
 # Fast mode against the default, the shipped entry otherwise (issue 22), 10 seeds on two tasks.
 FAST = ("ppo_ext_clip", "ppo_ext_fast")
+FAST_LSTM = ("ppo_lstm_ext", "ppo_lstm_ext_fast")
 
 # The first suite (300k steps, issue 5) on a 2-core machine; "pendulum" is its first row alone.
 SUITE_300K = ("ppo", "ppo_ext_clip", "ppo_ext_kl", "ppo_ext_gauss")
@@ -153,6 +162,11 @@ SUITES: dict[str, list[EnvBudget]] = {
     "fast": [
         EnvBudget("Pendulum-v1", 100_000, 10, 10_000, FAST),
         EnvBudget("LunarLanderContinuous-v3", 300_000, 10, 20_000, FAST),
+    ],
+    # The same question for RecurrentPPOExt, on the partially observed tasks of its shipped entries (their budget).
+    "fast-lstm": [
+        EnvBudget("PendulumNoVel-v1", 100_000, 10, 10_000, FAST_LSTM),
+        EnvBudget("CartPoleNoVel-v1", 100_000, 10, 10_000, FAST_LSTM),
     ],
     # Masking through the zoo (--algo ppo_mask_ext): evaluations of MaskablePPOExt are masked
     # (sb3_ppo_ext.envs.MaskedObservations), stock PPO's are its own greedy actions.
@@ -202,10 +216,11 @@ HEAD_NAMES = {
     "ppo_ext_clip_nosde": "squashed Gaussian, no gSDE",
 }
 # Suites comparing fast mode with the default (judged by fast_section): same learning curves or not.
-FAST_SUITES = ("fast",)
-FAST_PAIR = ("ppo_ext_fast", "ppo_ext_clip")
+# By suite: (fast mode, default).
+FAST_PAIRS = {"fast": ("ppo_ext_fast", "ppo_ext_clip"), "fast-lstm": ("ppo_lstm_ext_fast", "ppo_lstm_ext")}
+FAST_SUITES = tuple(FAST_PAIRS)
 SUITE_PAIRS = {
-    "fast": (FAST_PAIR,),
+    **{suite: (pair,) for suite, pair in FAST_PAIRS.items()},
     "heads": (
         ("ppo_ext_clip", "ppo_ext_gauss"),
         ("ppo_ext_beta", "ppo_ext_gauss"),

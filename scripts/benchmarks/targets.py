@@ -14,7 +14,7 @@ from .stats import Improvements, Summary, curve_band, interquartile_mean
 from .suites import (
     BASELINES,
     CANDIDATE,
-    FAST_PAIR,
+    FAST_PAIRS,
     HEAD_NAMES,
     SHIPPED,
     SPEED_BARS,
@@ -277,7 +277,8 @@ def fast_section(
 
     :param complete: by env, whether its runs cover the suite's budget
     """
-    fast, default = FAST_PAIR
+    pair = FAST_PAIRS[suite.name]
+    fast, default = pair
     lines = [
         "| env | seeds | default IQM [95 % CI] | fast IQM [95 % CI] | P(fast > default) [95 % CI] "
         "| evaluations whose IQM CIs overlap | verdict |",
@@ -290,8 +291,8 @@ def fast_section(
         if not complete.get(env) or (fast, default) not in found.get(env, {}):
             lines.append(f"| {env} | — | — | — | — | — | not measured yet |")
             continue
-        length = min(len(run.returns) for algo in FAST_PAIR for run in runs[algo])
-        (_, _, fast_low, fast_high), (_, _, low, high) = (curve_band(runs[algo], interquartile_mean) for algo in FAST_PAIR)
+        length = min(len(run.returns) for algo in pair for run in runs[algo])
+        (_, _, fast_low, fast_high), (_, _, low, high) = (curve_band(runs[algo], interquartile_mean) for algo in pair)
         overlapping = int(np.sum((fast_low[:length] <= high[:length]) & (low[:length] <= fast_high[:length])))
         probability, (p_low, p_high) = found[env][(fast, default)]
         same = overlapping == length and p_low <= 0.5 <= p_high
