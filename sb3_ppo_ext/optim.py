@@ -34,12 +34,8 @@ def _adam_mode(group: dict) -> str | None:
     """``"foreach"`` or ``"fused"``: the implementation an Adam parameter group runs, where the lean step reproduces it."""
     if any(group.get(key) != value for key, value in _LEAN_ADAM_GROUP.items()):
         return None
-    if not (
-        isinstance(group["lr"], float)
-        and isinstance(group["eps"], float)
-        and all(isinstance(b, float) for b in group["betas"])
-    ):
-        return None
+    if not all(type(value) is float for value in (group["lr"], group["eps"], *group["betas"])):
+        return None  # a tensor (or a numpy) learning rate or beta: torch's own arithmetic
     return _LEAN_ADAM_MODES.get((group.get("foreach"), group.get("fused")))
 
 
