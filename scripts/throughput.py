@@ -27,6 +27,8 @@ least disturbed one. Read the ratios, not the absolute figures.
     python scripts/throughput.py --family maskable --steps 8192 --repeats 15
     python scripts/throughput.py --family recurrent --n-steps 128 --batch-size 128 --steps 4096 --repeats 9
     python scripts/throughput.py --workload hopper --steps 4096 --repeats 9   # rl-zoo3's Hopper settings
+    python scripts/throughput.py --workload hopper --steps 4096 --repeats 9 \\
+        --variants "PPOExt, squash off" "PPOExt, fast" "SBX PPO"   # SBX's PPO as a reference (pip install sbx-rl)
 
 ``--workload NAME`` takes the env, ``n_envs``, ``normalize`` and every hyperparameter of rl-zoo3's own
 entry for it (:data:`WORKLOADS`, copied from rl-zoo3's ``ppo.yml`` / ``ppo_lstm.yml``; ``--steps`` and
@@ -54,6 +56,27 @@ from torch import nn
 from sb3_ppo_ext import MaskablePPOExt, PPOExt, RecurrentPPOExt
 
 STOCK = "stock PPO"
+SBX = "SBX PPO"
+
+
+def sbx_ppo(policy: str, env, **kwargs):
+    """
+    SBX's PPO (Stable-Baselines-Jax, ``pip install sbx-rl``) with the workload's settings: the reference row of
+    issue 22. Its ``activation_fn`` is translated to JAX's; XLA runs on one thread (as torch does here), unless
+    ``XLA_FLAGS`` says otherwise.
+    """
+    os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+    try:
+        import jax
+        from sbx import PPO as SBXPPO
+    except ImportError as error:
+        raise SystemExit(f"the {SBX!r} variant needs SBX: pip install sbx-rl ({error})") from error
+    policy_kwargs = dict(kwargs.pop("policy_kwargs", None) or {})
+    if "activation_fn" in policy_kwargs:
+        policy_kwargs["activation_fn"] = {nn.ReLU: jax.nn.relu, nn.Tanh: jax.nn.tanh}[policy_kwargs["activation_fn"]]
+    return SBXPPO(policy, env, policy_kwargs=policy_kwargs or None, **kwargs)
+
+
 HYPERPARAMS = dict(n_steps=512, batch_size=64, n_epochs=10, learning_rate=3e-4)
 PENALTY = dict(clip_range_vf=0.2, vf_clip_mode="max", kl_coef=1.0, kl_target=0.01)
 VARIANTS = {
@@ -62,7 +85,9 @@ VARIANTS = {
     "PPOExt, squash on": (PPOExt, dict()),
     "PPOExt, squash + value clip + adaptive KL": (PPOExt, PENALTY),
     "PPOExt, fast": (PPOExt, dict(policy_kwargs=dict(squash_output=False, fast=True))),
+    SBX: (sbx_ppo, dict()),  # only when asked for (--variants "SBX PPO"), where SBX is installed
 }
+OPTIONAL = (SBX,)  # variants that run only when --variants names them
 # Per family: (variants, the first one being the reference; policy; default env)
 FAMILIES: dict[str, tuple[dict[str, tuple[type, dict]], str, str]] = {
     "ppo": (VARIANTS, "MlpPolicy", "Pendulum-v1"),
@@ -235,7 +260,7 @@ def run(
     normalize: bool = False,
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Interleaved measurements: CPU-time and wall-clock env-steps/s of each variant, one entry per repeat."""
-    variants = VARIANTS if variants is None else variants
+    variants = {name: spec for name, spec in VARIANTS.items() if name not in OPTIONAL} if variants is None else variants
     cpu: dict[str, list[float]] = {name: [] for name in variants}
     wall: dict[str, list[float]] = {name: [] for name in variants}
     order = list(variants.items())
@@ -286,6 +311,8 @@ def main(argv: list[str] | None = None) -> dict:
             parser.error(f"--variants: {unknown} not among {sorted(variants)}")
         reference = next(iter(variants))
         variants = {name: spec for name, spec in variants.items() if name == reference or name in args.variants}
+    else:
+        variants = {name: spec for name, spec in variants.items() if name not in OPTIONAL}
     args.env = args.env or default_env
     cpu, wall = run(args.env, args.steps, args.n_envs, args.repeats, hyperparams, args.warmup, variants, policy, normalize)
     cpu_summary, wall_summary = summarize(cpu), summarize(wall)

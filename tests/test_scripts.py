@@ -120,6 +120,24 @@ def test_workload_measurement_and_the_speed_bars(tmp_path):
         throughput["main"]([*argv, "--variants", "no such variant"])
 
 
+def test_sbx_reference_row_runs_only_when_asked_for_and_says_what_it_needs(monkeypatch):
+    """SBX's PPO is issue 22's reference row: never in a default run; without SBX installed, a clear message."""
+    import builtins
+
+    throughput = runpy.run_path(str(SCRIPTS / "throughput.py"))
+    assert throughput["SBX"] in throughput["VARIANTS"] and throughput["SBX"] in throughput["OPTIONAL"]
+    real_import = builtins.__import__
+
+    def no_sbx(name, *args, **kwargs):
+        if name == "sbx":
+            raise ImportError("No module named 'sbx'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_sbx)
+    with pytest.raises(SystemExit, match="pip install sbx-rl"):
+        throughput["sbx_ppo"]("MlpPolicy", "CartPole-v1")
+
+
 def test_check_fast_tier_judges_bodies_not_def_lines(tmp_path: Path):
     path = tmp_path / "mod.py"
     path.write_text(SOURCE)
