@@ -113,6 +113,12 @@ def test_workload_measurement_and_the_speed_bars(tmp_path):
         line.startswith(f"| mountaincar | PPOExt, squash off | ≥ 1.0 | {paired:.3f} |") and status in line for line in lines
     )
     assert "| hopper | PPOExt, squash off | ≥ 1.2 | not measured yet | — | — |" in lines
+    # Two measurements of the same variant on the same workload: the newest is judged, in either order.
+    newer = json.loads(json.dumps(saved))
+    newer["measured_at"] = "9999-01-01T00:00:00Z"
+    newer["variants"]["PPOExt, squash off"]["median_of_paired_ratios"] = 0.5
+    for order in ([saved, newer], [newer, saved]):
+        assert any(line.startswith("| mountaincar | PPOExt, squash off | ≥ 1.0 | 0.500 |") for line in speed_bars_section(order))
     sections, _ = throughput_sections([saved])
     assert any("`--workload mountaincar`" in line for line in sections)
     assert any("python scripts/throughput.py --workload mountaincar --steps 16 --repeats 1" in line for line in sections)
