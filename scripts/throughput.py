@@ -28,7 +28,7 @@ least disturbed one. Read the ratios, not the absolute figures.
     python scripts/throughput.py --family recurrent --n-steps 128 --batch-size 128 --steps 4096 --repeats 9
     python scripts/throughput.py --workload hopper --steps 4096 --repeats 9   # rl-zoo3's Hopper settings
     python scripts/throughput.py --workload hopper --steps 4096 --repeats 9 \\
-        --variants "PPOExt, squash off" "PPOExt, fast" "SBX PPO"   # SBX's PPO as a reference (pip install sbx-rl)
+        --variants "PPOExt, fast" "SBX PPO" --warm-model   # SBX's PPO as a reference (pip install sbx-rl)
 
 ``--workload NAME`` takes the env, ``n_envs``, ``normalize`` and every hyperparameter of rl-zoo3's own
 entry for it (:data:`WORKLOADS`, copied from rl-zoo3's ``ppo.yml`` / ``ppo_lstm.yml``; ``--steps`` and
@@ -218,17 +218,26 @@ def measure(
     hyperparams: dict,
     policy: str = "MlpPolicy",
     normalize: bool = False,
+    warm_model: bool = False,
 ) -> tuple[float, float]:
-    """One timed ``learn(steps)`` of a freshly built model: ``(env-steps per CPU second, env-steps per wall second)``."""
+    """
+    One timed ``learn(steps)`` of a freshly built model: ``(env-steps per CPU second, env-steps per wall second)``.
+
+    :param warm_model: first learn one rollout, untimed, and time the ``learn(steps)`` that continues it (SBX's
+        JAX functions compile for each model on its first rollout and update)
+    """
     env = make_env(env_id, n_envs, seed, normalize)
     policy_kwargs = {**hyperparams.get("policy_kwargs", {}), **kwargs.get("policy_kwargs", {})}
     merged = {**hyperparams, **kwargs, **({"policy_kwargs": policy_kwargs} if policy_kwargs else {})}
     model = algo(policy, env, seed=seed, **merged)
+    if warm_model:
+        model.learn(n_envs * hyperparams["n_steps"])
+    start = model.num_timesteps
     cpu_start, wall_start = time.process_time(), time.perf_counter()
-    model.learn(steps)
+    model.learn(steps, reset_num_timesteps=not warm_model)
     cpu, wall = time.process_time() - cpu_start, time.perf_counter() - wall_start
     env.close()
-    return model.num_timesteps / cpu, model.num_timesteps / wall
+    return (model.num_timesteps - start) / cpu, (model.num_timesteps - start) / wall
 
 
 def summarize(values: dict[str, list[float]]) -> dict[str, dict[str, float | list[float]]]:
@@ -258,6 +267,7 @@ def run(
     variants: dict | None = None,
     policy: str = "MlpPolicy",
     normalize: bool = False,
+    warm_model: bool = False,
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Interleaved measurements: CPU-time and wall-clock env-steps/s of each variant, one entry per repeat."""
     variants = {name: spec for name, spec in VARIANTS.items() if name not in OPTIONAL} if variants is None else variants
@@ -266,12 +276,13 @@ def run(
     order = list(variants.items())
     for _ in range(warmup):
         for _name, (algo, kwargs) in order:
-            measure(
-                algo, kwargs, env_id, min(steps, n_envs * hyperparams["n_steps"]), n_envs, 0, hyperparams, policy, normalize
-            )
+            warm_steps = min(steps, n_envs * hyperparams["n_steps"])
+            measure(algo, kwargs, env_id, warm_steps, n_envs, 0, hyperparams, policy, normalize, warm_model)
     for repeat in range(repeats):
         for name, (algo, kwargs) in order if repeat % 2 == 0 else order[::-1]:
-            cpu_fps, wall_fps = measure(algo, kwargs, env_id, steps, n_envs, repeat, hyperparams, policy, normalize)
+            cpu_fps, wall_fps = measure(
+                algo, kwargs, env_id, steps, n_envs, repeat, hyperparams, policy, normalize, warm_model
+            )
             cpu[name].append(cpu_fps)
             wall[name].append(wall_fps)
     return cpu, wall
@@ -297,6 +308,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--json", metavar="PATH", help="also write the measurements to PATH (read by scripts/benchmark_report.py)"
     )
+    parser.add_argument(
+        "--warm-model",
+        action="store_true",
+        help="time each run after an untimed first rollout and update of the same model (for SBX, whose JAX "
+        "functions compile per model); every variant alike",
+    )
     args = parser.parse_args(argv)
     th.set_num_threads(1)
     hyperparams = dict(HYPERPARAMS, n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs)
@@ -314,7 +331,9 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         variants = {name: spec for name, spec in variants.items() if name not in OPTIONAL}
     args.env = args.env or default_env
-    cpu, wall = run(args.env, args.steps, args.n_envs, args.repeats, hyperparams, args.warmup, variants, policy, normalize)
+    cpu, wall = run(
+        args.env, args.steps, args.n_envs, args.repeats, hyperparams, args.warmup, variants, policy, normalize, args.warm_model
+    )
     cpu_summary, wall_summary = summarize(cpu), summarize(wall)
     print(f"{args.env}, {args.steps} steps x {args.repeats} repeats, {args.n_envs} envs, {hyperparams}")
     print("env-steps per second of process CPU time (headline); wall clock in the last two columns")
@@ -338,6 +357,7 @@ def main(argv: list[str] | None = None) -> dict:
         "steps": args.steps,
         "repeats": args.repeats,
         "warmup": args.warmup,
+        "warm_model": args.warm_model,
         "n_envs": args.n_envs,
         "hyperparams": hyperparams,
         "torch_threads": th.get_num_threads(),
