@@ -469,9 +469,14 @@ class ExtUpdateEngine:
         :param actions: its actions as the policy scores them (long for Discrete)
         :param need_distribution: whether the distribution is needed (KL penalty)
         """
+        entropy_requires_grad = self.ent_coef != 0
+        if not need_distribution and hasattr(self.policy, "evaluate_actions_directly"):
+            direct = self.policy.evaluate_actions_directly(samples.observations, actions, entropy_requires_grad)
+            if direct is not None:  # the Gaussian heads, without distribution objects
+                return (*direct, None)
         if hasattr(self.policy, "evaluate_actions_and_distribution"):
             return self.policy.evaluate_actions_and_distribution(
-                samples.observations, actions, entropy_requires_grad=self.ent_coef != 0
+                samples.observations, actions, entropy_requires_grad=entropy_requires_grad
             )
         # A plain SB3 ActorCriticPolicy (e.g. loaded from a stock PPO file): a second actor pass
         # yields the distribution.

@@ -36,7 +36,9 @@ from sb3_ppo_ext.distributions import (
     TanhSquashedDistribution,
     direct_categorical,
     direct_gaussian,
+    log_tanh_jacobian_sum,
     rescale_tanh64,
+    squashed_log_prob,
     unchecked_distributions,
 )
 from sb3_ppo_ext.parameters import ALGORITHM_RULES, check_policy_kwargs
@@ -48,6 +50,9 @@ from sb3_ppo_ext.validation import (
 )
 
 DEFAULT_LOG_STD_BOUNDS = (-5.0, 2.0)
+# torch's constants in Normal.log_prob and Normal.entropy, written as torch writes them (other roundings change bits).
+_LOG_SQRT_TWO_PI = math.log(math.sqrt(2 * math.pi))
+_HALF_LOG_TWO_PI_ENTROPY = 0.5 * math.log(2 * math.pi)
 DEFAULT_ENTROPY_ESTIMATOR = "mc"
 
 
@@ -786,6 +791,48 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         values, log_prob, entropy, _ = self.evaluate_actions_and_distribution(obs, actions)
         return values, log_prob, entropy
 
+    def evaluate_actions_directly(
+        self, obs: PyTorchObs, actions: th.Tensor, entropy_requires_grad: bool = True
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None] | None:
+        """
+        :meth:`evaluate_actions_and_distribution` without the distribution, for a minibatch whose
+        distribution is not needed (no KL penalty): the diagonal Gaussian head, squashed or not, computed
+        with the operations of SB3's ``DiagGaussianDistribution`` and torch's ``Normal`` (and of
+        :class:`~sb3_ppo_ext.distributions.TanhSquashedDistribution`), without building those objects:
+        the same values, gradients and random draws, bit for bit (tested). ``None`` for the other heads,
+        and where a subclass scores actions its own way: the caller then evaluates with the distribution.
+
+        :param obs: Observation
+        :param actions: Actions as stored in the rollout buffer (pre-squash for the squashed head)
+        :param entropy_requires_grad: ``False`` computes the entropy outside the autograd graph
+        :return: estimated value, log likelihood of the actions and entropy (``None``: estimated from samples)
+        """
+        cls = type(self)
+        own_dist, own_evaluate = _OWN_SCORING
+        if (
+            type(self.action_dist) is not DiagGaussianDistribution
+            or self.state_dependent_std
+            or cls._get_action_dist_from_latent is not own_dist
+            or cls.evaluate_actions_and_distribution is not own_evaluate
+        ):
+            return None
+        latent_pi, latent_vf = self._latents(obs)
+        mean = lean_call(self.action_net, latent_pi)
+        scale = th.ones_like(mean) * self.log_std.exp()  # DiagGaussianDistribution.proba_distribution
+        values = lean_call(self.value_net, latent_vf)
+        if self.squash_output:
+            log_prob = squashed_log_prob(actions, mean, scale, self._log_half_range_sum)
+        else:  # Normal.log_prob, then sum_independent_dims
+            log_prob = (-((actions - mean) ** 2) / (2 * scale**2) - scale.log() - _LOG_SQRT_TWO_PI).sum(dim=1)
+        with th.set_grad_enabled(entropy_requires_grad and th.is_grad_enabled()):
+            if self.squash_output and self.entropy_estimator == "sample":
+                return values, log_prob, None
+            entropy = (0.5 + _HALF_LOG_TWO_PI_ENTROPY + th.log(scale)).sum(dim=-1)  # Normal.entropy, summed
+            if self.squash_output and self.entropy_estimator == "mc":  # TanhSquashedDistribution.entropy
+                u = mean + th.empty(mean.shape, dtype=mean.dtype, device=mean.device).normal_() * scale  # Normal.rsample
+                entropy = entropy + (log_tanh_jacobian_sum(u) + self._log_half_range_sum)
+        return values, log_prob, entropy
+
     @property
     def squash_scale(self) -> float:
         """
@@ -841,6 +888,14 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
             return scaled
         bound = np.tanh(9.0)
         return np.arctanh(np.clip(scaled, -bound, bound)) / self.squash_scale
+
+
+# PPOExtActorCriticPolicy's scoring methods as defined above: evaluate_actions_directly applies only while both
+# are in place (not overridden by a subclass, nor replaced on the class).
+_OWN_SCORING = (
+    PPOExtActorCriticPolicy._get_action_dist_from_latent,
+    PPOExtActorCriticPolicy.evaluate_actions_and_distribution,
+)
 
 
 class PPOExtActorCriticCnnPolicy(PPOExtActorCriticPolicy):

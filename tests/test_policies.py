@@ -429,3 +429,66 @@ def test_a_hook_registered_during_a_collection_runs_and_the_plan_lives_for_the_c
     # 8 steps after the hook, and the last observation's value (predict_values) at the rollout's end
     assert collected == [9] and model.policy._acting_plan is None
     assert model.rollout_buffer.carries_pi_old
+
+
+@pytest.mark.parametrize(
+    "policy_kwargs",
+    [
+        dict(squash_output=False),
+        dict(),  # squashed, Monte Carlo entropy
+        dict(entropy_estimator="gaussian"),
+        dict(entropy_estimator="sample"),
+        dict(squash_output=False, net_arch=dict(pi=[8], vf=[4]), activation_fn=nn.ReLU, share_features_extractor=False),
+    ],
+    ids=["gaussian", "squashed_mc", "squashed_gaussian", "squashed_sample", "unshared"],
+)
+@pytest.mark.parametrize("entropy_requires_grad", [True, False])
+def test_direct_evaluation_is_the_distributions_bit_for_bit(policy_kwargs, entropy_requires_grad):
+    """Values, log-probabilities, entropy, gradients and random draws of the evaluation without distribution objects."""
+    model = PPOExt("MlpPolicy", "Pendulum-v1", policy_kwargs=policy_kwargs, seed=0)
+    policy = model.policy
+    with th.no_grad():
+        for parameter in policy.parameters():
+            parameter.add_(0.3 * th.randn_like(parameter))
+    obs = th.as_tensor(np.stack([model.observation_space.sample() for _ in range(6)]))
+    actions = th.randn(6, 1)
+    results = []
+    for direct in (False, True):
+        policy.optimizer.zero_grad()
+        th.manual_seed(3)
+        if direct:
+            values, log_prob, entropy = policy.evaluate_actions_directly(obs, actions, entropy_requires_grad)
+        else:
+            values, log_prob, entropy, _ = policy.evaluate_actions_and_distribution(obs, actions, entropy_requires_grad)
+        loss = values.sum() + log_prob.sum() + (0.0 if entropy is None or not entropy.requires_grad else entropy.sum())
+        loss.backward()
+        grads = [th.zeros(0) if p.grad is None else p.grad.clone() for p in policy.parameters()]
+        outputs = [values, log_prob] + ([] if entropy is None else [entropy])
+        results.append((outputs, grads, th.get_rng_state(), entropy is None))
+    (outputs_a, grads_a, rng_a, none_a), (outputs_b, grads_b, rng_b, none_b) = results
+    assert none_a == none_b and len(outputs_a) == len(outputs_b)
+    assert all(th.equal(a.detach(), b.detach()) for a, b in zip(outputs_a, outputs_b, strict=True))
+    assert all(th.equal(a, b) for a, b in zip(grads_a, grads_b, strict=True))
+    assert th.equal(rng_a, rng_b)
+
+
+def test_direct_evaluation_leaves_other_heads_and_own_scoring_to_the_distribution(monkeypatch):
+    from stable_baselines3.common.policies import ActorCriticPolicy
+
+    from sb3_ppo_ext.policies import PPOExtActorCriticPolicy
+
+    cases = [
+        ("Pendulum-v1", dict(policy_kwargs=dict(action_dist="beta"))),
+        ("Pendulum-v1", dict(use_sde=True)),
+        ("Pendulum-v1", dict(policy_kwargs=dict(state_dependent_std=True))),
+        ("CartPole-v1", dict()),
+    ]
+    for env_id, kwargs in cases:
+        model = PPOExt("MlpPolicy", env_id, **kwargs)
+        obs = th.as_tensor(np.stack([model.observation_space.sample() for _ in range(2)]))
+        assert model.policy.evaluate_actions_directly(obs, th.zeros(2, 1)) is None, (env_id, kwargs)
+    model = PPOExt("MlpPolicy", "Pendulum-v1")
+    obs = th.as_tensor(np.stack([model.observation_space.sample() for _ in range(2)]))
+    assert model.policy.evaluate_actions_directly(obs, th.zeros(2, 1)) is not None
+    monkeypatch.setattr(PPOExtActorCriticPolicy, "evaluate_actions_and_distribution", ActorCriticPolicy.evaluate_actions)
+    assert model.policy.evaluate_actions_directly(obs, th.zeros(2, 1)) is None  # replaced on the class: its own scoring
