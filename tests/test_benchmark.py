@@ -963,6 +963,10 @@ def test_fast_suite_runs_fast_mode_beside_the_shipped_entry_on_the_same_seeds():
         assert set(by_algo) == {"ppo_ext_clip", "ppo_ext_fast"} and len({tuple(r) for r in by_algo.values()}) == 1
         assert len(by_algo["ppo_ext_fast"]) == 10
     assert entries.zoo_overrides("Pendulum-v1", suites.ALGOS["ppo_ext_fast"][1])["policy_kwargs"]["fast"] is True
+    # A RecurrentPPOExt variant merges into ppo_lstm_ext.yml's entry (its network), not ppo_ext.yml's.
+    zoo_algo, overrides, _ = suites.ALGOS["ppo_lstm_ext_fast"]
+    merged = entries.zoo_overrides("PendulumNoVel-v1", overrides, zoo_algo)["policy_kwargs"]
+    assert merged["fast"] is True and merged["lstm_hidden_size"] == 64 and merged["net_arch"] == {"pi": [64], "vf": [64]}
 
 
 def _curve_runs(algo, finals, curve_offset=0.0):

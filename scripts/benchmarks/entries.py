@@ -40,6 +40,7 @@ def expected_hyperparams(spec: RunSpec) -> dict[str, str] | None:
     marker's form; ``None`` when they cannot be determined up front (then only the budget counts).
     """
     zoo_algo, overrides, _ = ALGOS[spec.algo]
+    algo = SHIPPED_SETTINGS.get(spec.algo, zoo_algo)  # whose yml holds the entry
     if zoo_algo in ZOO_OWN and spec.algo not in SHIPPED_SETTINGS:
         entry, _ = _zoo_entry(zoo_algo, spec.env)
     elif spec.algo == CANDIDATE:
@@ -47,11 +48,11 @@ def expected_hyperparams(spec: RunSpec) -> dict[str, str] | None:
     else:
         from sb3_ppo_ext import settings
 
-        algo = SHIPPED_SETTINGS.get(spec.algo, zoo_algo)
         entry = settings.load_hyperparams(spec.env, settings.ALGORITHMS[algo].hyperparams, algo)
     if entry is None:
         return None
-    return _comparable({key: repr(value) for key, value in {**entry, **zoo_overrides(spec.env, overrides)}.items()})
+    merged = {**entry, **(zoo_overrides(spec.env, overrides, algo) if overrides else {})}
+    return _comparable({key: repr(value) for key, value in merged.items()})
 
 
 def candidate_entry(path: str | None, env_id: str) -> dict[str, Any]:
@@ -124,20 +125,22 @@ def zoo_config(zoo_algo: str, env_id: str, folder: str) -> tuple[str | None, str
     return str(copy), source
 
 
-def zoo_overrides(env_id: str, overrides: dict[str, Any]) -> dict[str, Any]:
+def zoo_overrides(env_id: str, overrides: dict[str, Any], algo: str = "ppo_ext") -> dict[str, Any]:
     """
-    The variant's overrides, with ``policy_kwargs`` merged into the shipped entry's own. A variant
+    The variant's overrides, with ``policy_kwargs`` merged into the shipped entry's own (the entry of
+    ``algo``'s shipped yml: ``ppo_lstm_ext.yml`` for a RecurrentPPOExt variant). A variant
     that turns the squashed head off also leaves out the entry's settings of that head
     (:data:`SQUASHED_HEAD_ONLY`), which PPOExt rejects for a Gaussian head; a variant that takes the
     Beta head leaves out the Gaussian heads' settings (:data:`GAUSSIAN_HEAD_ONLY`), which it rejects.
     """
     if "policy_kwargs" not in overrides:
         return dict(overrides)
-    from sb3_ppo_ext.hyperparams import load_hyperparams
+    from sb3_ppo_ext import settings
 
-    shipped = load_hyperparams(env_id).get("policy_kwargs") or {}
+    yml = settings.ALGORITHMS[algo].hyperparams
+    shipped = settings.load_hyperparams(env_id, yml, algo).get("policy_kwargs") or {}
     if not isinstance(shipped, dict):
-        raise ValueError(f"ppo_ext.yml {env_id}: policy_kwargs must be a mapping, got {shipped!r}")
+        raise ValueError(f"{yml.name} {env_id}: policy_kwargs must be a mapping, got {shipped!r}")
     policy_kwargs = {**shipped, **overrides["policy_kwargs"]}
     if policy_kwargs.get("squash_output") is False:
         policy_kwargs = {key: value for key, value in policy_kwargs.items() if key not in SQUASHED_HEAD_ONLY}

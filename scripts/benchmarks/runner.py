@@ -304,7 +304,7 @@ def _run_locked(spec: RunSpec) -> dict[str, Any]:
             config, source = spec.candidate, f"{shown_path(spec.candidate)}: {spec.env} (candidate entry)"
         else:
             config, source = None, f"sb3_ppo_ext/hyperparams/{zoo_algo}.yml: {spec.env}"
-        overrides = zoo_overrides(spec.env, overrides)
+        overrides = zoo_overrides(spec.env, overrides, SHIPPED_SETTINGS.get(spec.algo, zoo_algo)) if overrides else {}
         set_random_seed(spec.seed)  # as rl_zoo3.train does before building the manager
         manager = ExperimentManager(
             argparse.Namespace(**dataclasses.asdict(spec)),
