@@ -120,6 +120,11 @@ def test_workload_measurement_and_the_speed_bars(tmp_path):
     for order in ([saved, newer], [newer, saved]):
         judged = speed_bars_section(order)
         assert any(line.startswith("| mountaincar | PPOExt, squash off | ≥ 1.0 | 0.500 |") for line in judged)
+    newer["warm_model"] = True  # another protocol (SBX's reference row): not judged
+    assert any(
+        line.startswith(f"| mountaincar | PPOExt, squash off | ≥ 1.0 | {paired:.3f} |")
+        for line in speed_bars_section([saved, newer])
+    )
     sections, _ = throughput_sections([saved])
     assert any("`--workload mountaincar`" in line for line in sections)
     assert any("python scripts/throughput.py --workload mountaincar --steps 16 --repeats 1" in line for line in sections)

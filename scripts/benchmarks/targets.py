@@ -34,8 +34,10 @@ def speed_bars_section(throughputs: list[dict[str, Any]]) -> list[str]:
     Issue 22's speed bars (:data:`SPEED_BARS`) against the ``--workload`` measurements: met when the median
     of the paired ratios reaches the bar; the ratio of medians beside it. Where several measurements time the
     same variant on the same workload, the newest (``measured_at``) is judged, whatever the order of the files.
+    Runs of another protocol (``--warm-model``, for SBX's reference row) are not judged.
     """
-    newest_last = sorted((t for t in throughputs if t.get("workload")), key=lambda t: t.get("measured_at", ""))
+    standard = (t for t in throughputs if t.get("workload") and not t.get("warm_model"))
+    newest_last = sorted(standard, key=lambda t: t.get("measured_at", ""))
     measured = {(t["workload"], name): entry for t in newest_last for name, entry in t["variants"].items()}
     lines = [
         "| workload | variant | bar (median of paired ratios) | measured | ratio of medians | status |",
