@@ -7,8 +7,8 @@ no AMSGrad, weight decay, maximize, capturable or differentiable mode, no hooks)
 operations as torch's functions, in the same order, without their per-call Python work (profiling scopes,
 argument checks, per-parameter state lookups): the same gradients, norms, moments and parameters, bit for
 bit. A test compares them with the installed torch over many steps and fails if a torch release changes its
-arithmetic. Any other optimizer or setting, and Adam's first step (which creates its state), goes through
-torch's own calls.
+arithmetic. Any other optimizer or setting, a ``step`` or ``zero_grad`` set on the optimizer instance, and
+Adam's first step (which creates its state), goes through torch's own calls.
 """
 
 from __future__ import annotations
@@ -64,9 +64,12 @@ class OptimizerStep:
         self.optimized = [p for group in optimizer.param_groups for p in group["params"]]
         layouts = {(p.device, p.dtype) for p in parameters}
         self._lean_clip = len(layouts) == 1 and all(type(p) in (th.Tensor, th.nn.Parameter) for p in parameters)
-        self._lean_zero_grad = type(optimizer).zero_grad is th.optim.Optimizer.zero_grad
+        # A step or zero_grad set on the optimizer instance (a user's wrapper, as for stock PPO) is called as it is.
+        patched = vars(optimizer)
+        self._lean_zero_grad = type(optimizer).zero_grad is th.optim.Optimizer.zero_grad and "zero_grad" not in patched
         self._lean_adam = (
             type(optimizer) is th.optim.Adam
+            and "step" not in patched
             and all(_adam_mode(group) is not None for group in optimizer.param_groups)
             and all(not p.is_complex() and type(p) in (th.Tensor, th.nn.Parameter) for p in self.optimized)
             and getattr(optimizer, "grad_scale", None) is None

@@ -132,3 +132,16 @@ def test_optimizer_hooks_run_and_an_own_zero_grad_is_called():
     own = OwnZeroGrad(network.parameters(), foreach=True)
     OptimizerStep(own, list(network.parameters()), 0.5).zero_grad()
     assert OwnZeroGrad.cleared == 1 and all(p.grad is None for p in network.parameters())
+
+
+def test_a_step_or_zero_grad_set_on_the_optimizer_instance_is_called():
+    """A user's wrapper on the instance (as one would wrap stock PPO's optimizer) runs: the step is torch's calls."""
+    network = _network()
+    optimizer = th.optim.Adam(network.parameters(), foreach=True)
+    _train(network, optimizer, 2, True, 0.5)
+    calls = []
+    step, zero_grad = optimizer.step, optimizer.zero_grad
+    optimizer.step = lambda *args, **kwargs: (calls.append("step"), step(*args, **kwargs))[1]
+    optimizer.zero_grad = lambda *args, **kwargs: (calls.append("zero_grad"), zero_grad(*args, **kwargs))[1]
+    _train(network, optimizer, 3, True, 0.5)
+    assert calls == ["zero_grad", "step"] * 3

@@ -492,3 +492,20 @@ def test_direct_evaluation_leaves_other_heads_and_own_scoring_to_the_distributio
     assert model.policy.evaluate_actions_directly(obs, th.zeros(2, 1)) is not None
     monkeypatch.setattr(PPOExtActorCriticPolicy, "evaluate_actions_and_distribution", ActorCriticPolicy.evaluate_actions)
     assert model.policy.evaluate_actions_directly(obs, th.zeros(2, 1)) is None  # replaced on the class: its own scoring
+
+
+def test_a_policy_with_checked_forward_but_no_direct_head_steps_upstreams_way():
+    """CheckedForward on a policy of no head of its own: upstream's forward, no acting plan, pi_old from action_dist."""
+    from stable_baselines3.common.policies import ActorCriticPolicy
+
+    from sb3_ppo_ext.policies import CheckedForward
+
+    class Plain(CheckedForward, ActorCriticPolicy):
+        pass
+
+    model = PPOExt(Plain, "Pendulum-v1", n_steps=16, batch_size=16, n_epochs=1, seed=0)
+    assert model.policy.direct_head() is None
+    with model.policy.acting():
+        assert model.policy._acting_plan is None
+    model.learn(16)
+    assert model.policy.action_parameters is None and model.rollout_buffer.carries_pi_old
