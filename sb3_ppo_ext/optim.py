@@ -72,6 +72,7 @@ class OptimizerStep:
             and "step" not in patched
             and all(_adam_mode(group) is not None for group in optimizer.param_groups)
             and all(not p.is_complex() and type(p) in (th.Tensor, th.nn.Parameter) for p in self.optimized)
+            and all(len({(p.device, p.dtype) for p in group["params"]}) <= 1 for group in optimizer.param_groups)
             and getattr(optimizer, "grad_scale", None) is None
             and getattr(optimizer, "found_inf", None) is None
         )
@@ -104,7 +105,7 @@ class OptimizerStep:
         """
         torch's multi-tensor Adam (``_multi_tensor_adam`` without its optional branches) on every group, or
         ``False`` (nothing changed) where a parameter with a gradient has no state yet (Adam's first step
-        creates it), a gradient is sparse, or a group mixes devices or dtypes.
+        creates it) or a gradient is sparse; a group mixing devices or dtypes is refused once, in ``__init__``.
         """
         state = self.optimizer.state
         work = []
@@ -115,8 +116,6 @@ class OptimizerStep:
             states = [state.get(p) for p in params]
             grads = [p.grad for p in params]
             if any(not s for s in states) or any(g is None or g.is_sparse for g in grads):
-                return False
-            if len({(p.device, p.dtype) for p in params}) != 1:
                 return False
             work.append((group, params, grads, states))
         one = th.tensor(1.0, device="cpu")  # torch adds a CPU tensor to the CPU step counters (alpha=1.0)
