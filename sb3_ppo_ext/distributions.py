@@ -85,6 +85,19 @@ _LOG_SQRT_TWO_PI = math.log(math.sqrt(2 * math.pi))
 _HUGE_NEG_LOGIT = -1e8  # sb3-contrib's logit of a masked-out action (MaskableCategorical.apply_masking)
 
 
+def gaussian_log_prob(actions: th.Tensor, mean: th.Tensor, scale: th.Tensor) -> th.Tensor:
+    """
+    SB3's ``DiagGaussianDistribution.log_prob`` from the Gaussian's parameters: torch's ``Normal.log_prob``,
+    operation for operation (the same bits and autograd graph), summed over the action dimensions.
+    """
+    return sum_independent_dims(-((actions - mean) ** 2) / (2 * scale**2) - scale.log() - _LOG_SQRT_TWO_PI)
+
+
+def gaussian_entropy(scale: th.Tensor) -> th.Tensor:
+    """SB3's ``DiagGaussianDistribution.entropy``: torch's ``Normal.entropy``, operation for operation, summed."""
+    return (0.5 + 0.5 * math.log(2 * math.pi) + th.log(scale)).sum(dim=-1)
+
+
 def direct_gaussian(
     mean: th.Tensor,
     scale: th.Tensor,
@@ -114,7 +127,7 @@ def direct_gaussian(
     if log_half_range_sum is not None:
         log_prob = squashed_log_prob(actions, mean, scale, log_half_range_sum)
     else:
-        log_prob = sum_independent_dims(-((actions - mean) ** 2) / (2 * scale**2) - scale.log() - _LOG_SQRT_TWO_PI)
+        log_prob = gaussian_log_prob(actions, mean, scale)
     return actions, log_prob, (mean, scale)
 
 

@@ -36,6 +36,8 @@ from sb3_ppo_ext.distributions import (
     TanhSquashedDistribution,
     direct_categorical,
     direct_gaussian,
+    gaussian_entropy,
+    gaussian_log_prob,
     log_tanh_jacobian_sum,
     rescale_tanh64,
     squashed_log_prob,
@@ -50,9 +52,6 @@ from sb3_ppo_ext.validation import (
 )
 
 DEFAULT_LOG_STD_BOUNDS = (-5.0, 2.0)
-# torch's constants in Normal.log_prob and Normal.entropy, written as torch writes them (other roundings change bits).
-_LOG_SQRT_TWO_PI = math.log(math.sqrt(2 * math.pi))
-_HALF_LOG_TWO_PI_ENTROPY = 0.5 * math.log(2 * math.pi)
 DEFAULT_ENTROPY_ESTIMATOR = "mc"
 
 
@@ -822,12 +821,12 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         values = lean_call(self.value_net, latent_vf)
         if self.squash_output:
             log_prob = squashed_log_prob(actions, mean, scale, self._log_half_range_sum)
-        else:  # Normal.log_prob, then sum_independent_dims
-            log_prob = (-((actions - mean) ** 2) / (2 * scale**2) - scale.log() - _LOG_SQRT_TWO_PI).sum(dim=1)
+        else:
+            log_prob = gaussian_log_prob(actions, mean, scale)
         with th.set_grad_enabled(entropy_requires_grad and th.is_grad_enabled()):
             if self.squash_output and self.entropy_estimator == "sample":
                 return values, log_prob, None
-            entropy = (0.5 + _HALF_LOG_TWO_PI_ENTROPY + th.log(scale)).sum(dim=-1)  # Normal.entropy, summed
+            entropy = gaussian_entropy(scale)
             if self.squash_output and self.entropy_estimator == "mc":  # TanhSquashedDistribution.entropy
                 u = mean + th.empty(mean.shape, dtype=mean.dtype, device=mean.device).normal_() * scale  # Normal.rsample
                 entropy = entropy + (log_tanh_jacobian_sum(u) + self._log_half_range_sum)
