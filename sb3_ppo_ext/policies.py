@@ -38,6 +38,8 @@ from sb3_ppo_ext.distributions import (
     direct_gaussian,
     gaussian_entropy,
     gaussian_log_prob,
+    gaussian_log_prob_constant,
+    gaussian_step_from_noise,
     log_tanh_jacobian_sum,
     rescale_tanh64,
     squashed_log_prob,
@@ -260,6 +262,13 @@ class ActingPlan:
     ) -> None:
         self.modules, self.pi, self.vf, self.action, self.value = modules, pi, vf, action, value
         self.one_hot = one_hot
+        self._arrays: ArrayPlan | bool | None = False  # not built yet
+
+    def arrays(self) -> ArrayPlan | None:
+        """This plan in NumPy (:class:`ArrayPlan`, the fast mode's), built on the first call; ``None`` where it cannot run."""
+        if self._arrays is False:
+            self._arrays = ArrayPlan.of(self)
+        return cast("ArrayPlan | None", self._arrays)
 
     @classmethod
     def of(cls, policy: nn.Module) -> ActingPlan | None:
@@ -312,6 +321,62 @@ class ActingPlan:
         return latent_pi, F.linear(_run_steps(self.vf, features), *self.value), F.linear(latent_pi, *self.action)
 
 
+def _array_step(step: Any) -> Any:
+    """A :func:`_layer_step` in NumPy: ``(weight.T, bias)`` as arrays sharing the parameters' memory, or the function."""
+    if type(step) is tuple:
+        weight, bias = step
+        return weight.detach().numpy().T, None if bias is None else bias.detach().numpy()
+    return _ARRAY_FUNCTIONS[step]
+
+
+def _relu(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0)
+
+
+_ARRAY_FUNCTIONS: dict[Any, Callable[[np.ndarray], np.ndarray]] = {th.relu: _relu, th.tanh: np.tanh}
+
+
+def _run_array_steps(steps: tuple[Any, ...], x: np.ndarray) -> np.ndarray:
+    for step in steps:
+        if type(step) is tuple:
+            x = x @ step[0]
+            if step[1] is not None:
+                x += step[1]
+        else:
+            x = step(x)
+    return x
+
+
+class ArrayPlan:
+    """
+    The fast mode's form of an :class:`ActingPlan`: the same layers run in NumPy on arrays that share the
+    parameters' memory (CPU, float32). A rollout step of SB3's small networks is a few dozen tiny operations,
+    where NumPy's cost per operation is a fraction of torch's; the results agree to float rounding, not bit for bit.
+    """
+
+    def __init__(self, plan: ActingPlan) -> None:
+        self.pi = tuple(_array_step(step) for step in plan.pi)
+        self.vf = tuple(_array_step(step) for step in plan.vf)
+        self.action, self.value = _array_step(plan.action), _array_step(plan.value)
+        #: what the policy's head needs at every step of this collection, computed once by the policy
+        self.head: Any = None
+
+    @classmethod
+    def of(cls, plan: ActingPlan) -> ArrayPlan | None:
+        """``plan`` in NumPy, or ``None`` where it cannot run there (not a CPU float32 network, or one-hot observations)."""
+        tensors = [t for steps in (plan.pi, plan.vf, (plan.action, plan.value)) for step in steps if type(step) is tuple
+                   for t in step if t is not None]  # fmt: skip
+        if plan.one_hot is not None or any(t.device.type != "cpu" or t.dtype != th.float32 for t in tensors):
+            return None
+        return cls(plan)
+
+    def step(self, obs: th.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """``(values, action head output)`` of the observations (a CPU tensor), as arrays."""
+        features = obs.numpy().reshape(len(obs), -1).astype(np.float32, copy=False)
+        values = _run_array_steps((*self.vf, self.value), features)
+        return values, _run_array_steps((*self.pi, self.action), features)
+
+
 class CheckedForward:
     """
     Mixin of this package's policies: ``forward`` (what a rollout's ``policy(obs)`` runs) is upstream's,
@@ -338,8 +403,10 @@ class CheckedForward:
             self.__dict__["action_parameters"] = None
             with unchecked_distributions():
                 output = super().forward(*args, **kwargs)  # type: ignore[misc]
-        # NaN and inf survive a sum (a few log-probabilities cannot overflow it): one tensor op and one host read.
-        if not math.isfinite(float(output[2].sum())):
+        # NaN and inf survive a sum (a few log-probabilities cannot overflow it): one tensor op and one host read,
+        # unless the step checked its own (the fast mode's, in NumPy).
+        log_prob = output[2]
+        if log_prob is not self.__dict__.get("_finite_log_prob") and not math.isfinite(float(log_prob.sum())):
             raise ValueError(
                 f"{type(self).__name__}.forward: non-finite log-probability of the sampled actions (NaN or inf in the "
                 "observations or the network's outputs); check the environment's observations (VecCheckNan) and "
@@ -533,8 +600,10 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         ``None`` (default): one group at the algorithm's ``learning_rate``, as upstream. Needs separate
         networks: a features extractor with parameters shared by actor and critic is an error.
     :param fast: the fast mode: SB3's default Adam runs fused (one kernel per step) instead of the
-        bit-identical multi-tensor Adam; the same updates to float rounding (weights within 3e-8 of the default after
-        64 updates of a test run), not bit for bit, and the same learning curves (10 seeds on Pendulum-v1 and
+        bit-identical multi-tensor Adam, and a state-independent Gaussian head (squashed or not) takes its rollout
+        steps in NumPy on a CPU (:class:`ArrayPlan`: SB3's standard networks, the same random draws, the
+        log-probability from the draw; the default step's values to float rounding). The same updates to float
+        rounding, not bit for bit, and the same learning curves (10 seeds on Pendulum-v1 and
         LunarLanderContinuous-v3, the benchmark report's suite ``fast``). ``torch.compile`` is not part of it
         (``scripts/compile_probe.py``: it does not pay for itself within a typical run on a CPU).
         ``False`` (default): with the extensions off, training is upstream's bit for bit.
@@ -744,6 +813,10 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         kind = self.direct_head()
         if kind is None:
             return None
+        if self.fast and kind == "gaussian" and not self.state_dependent_std:
+            output = self._array_forward(obs, deterministic)
+            if output is not None:
+                return output
         dist = self.action_dist  # the squashed head wraps it per call (_get_action_dist_from_latent)
         latent_pi, values, head = self._step_outputs(obs)
         if kind == "categorical":
@@ -760,6 +833,38 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         log_half_range_sum = self._log_half_range_sum if self.squash_output else None
         actions, log_prob, parameters = direct_gaussian(head, scale, deterministic, log_half_range_sum, noise)
         return self._acted(actions, values, log_prob, "normal", parameters)
+
+    def _array_forward(self, obs: PyTorchObs, deterministic: bool) -> tuple[th.Tensor, th.Tensor, th.Tensor] | None:
+        """
+        The fast mode's rollout step of the diagonal Gaussian head (squashed or not): the networks in NumPy
+        (:class:`ArrayPlan`), the same random draw as the default step, the log-probability from the draw
+        (:func:`~sb3_ppo_ext.distributions.gaussian_step_from_noise`). ``None`` (the default step) outside a
+        collection's acting plan, where the plan cannot run in NumPy, with autograd on, or where a hook would run.
+        """
+        plan = self._acting_plan
+        if plan is None or th.is_grad_enabled() or not plan.usable():
+            return None
+        arrays = plan.arrays()
+        if arrays is None:
+            return None
+        if arrays.head is None:  # the parameters do not change within a collection
+            log_std = self.log_std.detach().numpy()
+            log_half_range_sum = self._log_half_range_sum if self.squash_output else None
+            arrays.head = (np.exp(log_std), gaussian_log_prob_constant(log_std, log_half_range_sum), th.empty(0))
+        scale, constant, scales = arrays.head
+        values, mean = arrays.step(cast(th.Tensor, obs))
+        if scales.shape != mean.shape:
+            scales = th.from_numpy(scale).expand(mean.shape)
+            arrays.head = (scale, constant, scales)
+        # torch's draw, as the default step's: th.randn is empty(...).normal_()
+        noise = None if deterministic else th.randn(mean.shape).numpy()
+        actions, log_prob = gaussian_step_from_noise(mean, scale, noise, constant, self.squash_output)
+        log_prob_tensor = th.from_numpy(log_prob)
+        if math.isfinite(log_prob.sum()):  # else forward's check raises
+            self.__dict__["_finite_log_prob"] = log_prob_tensor
+        self.__dict__["action_parameters"] = (log_prob_tensor, ("normal",), (th.from_numpy(mean), scales))
+        shape = (-1, *cast(spaces.Box, self.action_space).shape)
+        return th.from_numpy(actions.reshape(shape)), th.from_numpy(values), log_prob_tensor
 
     def evaluate_actions_and_distribution(
         self, obs: PyTorchObs, actions: th.Tensor, entropy_requires_grad: bool = True

@@ -363,3 +363,43 @@ def test_categorical_kl_stays_finite_where_torch_gives_inf():
     assert th.isinf(th.distributions.kl_divergence(p, q)).all()
     expected = masked_kl_by_hand(p.logits, q.logits, th.ones(1, 2, dtype=th.bool))
     th.testing.assert_close(categorical_kl(p, q).double(), expected, rtol=1e-4, atol=1e-12)
+
+
+@pytest.mark.parametrize("squash", [False, True])
+def test_gaussian_step_from_noise_is_torchs_density(squash):
+    """The fast mode's step: u = mean + scale * noise, its log-density from the draw, against torch's float64 distributions."""
+    from torch.distributions import Independent
+
+    from sb3_ppo_ext.distributions import gaussian_log_prob_constant, gaussian_step_from_noise
+
+    generator = np.random.default_rng(0)
+    mean = generator.normal(size=(5, 3)).astype(np.float32)
+    log_std = generator.normal(scale=0.5, size=3).astype(np.float32)
+    noise = generator.normal(size=(5, 3)).astype(np.float32)
+    low, high = np.array([-1.0, -2.0, 0.0]), np.array([1.0, 3.0, 0.5])
+    log_half_range_sum = float(np.log((high - low) / 2).sum()) if squash else None
+    constant = gaussian_log_prob_constant(log_std, log_half_range_sum)
+    scale = np.exp(log_std)
+    actions, log_prob = gaussian_step_from_noise(mean, scale, noise, constant, squash)
+    assert actions.dtype == log_prob.dtype == np.float32 and log_prob.shape == (5,)
+    np.testing.assert_allclose(actions, mean + scale * noise, rtol=1e-6)
+    base = Normal(th.as_tensor(mean, dtype=th.float64), th.as_tensor(scale, dtype=th.float64))
+    u = th.as_tensor(actions, dtype=th.float64)
+    if squash:  # the environment's action a = low + (tanh(u) + 1) / 2 * (high - low), scored by torch
+        half, middle = th.as_tensor((high - low) / 2), th.as_tensor((high + low) / 2)
+        reference = TransformedDistribution(base, [TanhTransform(), AffineTransform(middle, half)])
+        want = reference.log_prob(middle + half * th.tanh(u)).sum(-1)
+    else:
+        want = Independent(base, 1).log_prob(u)
+    np.testing.assert_allclose(log_prob, want.numpy(), rtol=1e-5, atol=1e-5)
+    # the mean (SB3's mode), and NaN for a row whose mean is not finite, as torch's formula gives it
+    mode, mode_log_prob = gaussian_step_from_noise(mean, scale, None, constant, squash)
+    np.testing.assert_array_equal(mode, mean)
+    if squash:
+        want_mode = reference.log_prob(middle + half * th.tanh(base.mean)).sum(-1)
+    else:
+        want_mode = Independent(base, 1).log_prob(base.mean)
+    np.testing.assert_allclose(mode_log_prob, want_mode.numpy(), rtol=1e-5, atol=1e-5)
+    mean[2, 1] = np.nan
+    _, with_nan = gaussian_step_from_noise(mean, scale, noise, constant, squash)
+    assert np.isnan(with_nan[2]) and np.isfinite(np.delete(with_nan, 2)).all()

@@ -509,3 +509,75 @@ def test_a_policy_with_checked_forward_but_no_direct_head_steps_upstreams_way():
         assert model.policy._acting_plan is None
     model.learn(16)
     assert model.policy.action_parameters is None and model.rollout_buffer.carries_pi_old
+
+
+def _fast_and_default_steps(model, obs, deterministic):
+    """One rollout step of ``model``'s policy in the fast mode and in the default mode, from the same RNG state."""
+    policy, steps = model.policy, {}
+    for fast in (True, False):
+        policy.fast = fast
+        th.manual_seed(3)
+        with th.no_grad(), policy.acting():
+            output = policy(obs, deterministic=deterministic)
+        steps[fast] = (*output, *policy.action_parameters[2], th.rand(1))  # the RNG state after the step too
+    policy.fast = True
+    return steps[True], steps[False]
+
+
+@pytest.mark.parametrize("squash", [False, True], ids=["gaussian", "squashed"])
+@pytest.mark.parametrize("n_envs", [1, 3])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_fast_mode_acts_in_numpy_as_the_default_step_does_to_float_rounding(squash, n_envs, deterministic, monkeypatch):
+    """fast=True: a Gaussian head's rollout step in NumPy: the same draw, actions, values and log-probabilities to rounding."""
+    from sb3_ppo_ext.policies import ArrayPlan
+
+    calls = []
+    original = ArrayPlan.step
+    monkeypatch.setattr(ArrayPlan, "step", lambda plan, obs: calls.append(1) or original(plan, obs))
+    env = make_vec_env("Pendulum-v1", n_envs=n_envs, seed=0)
+    model = PPOExt(
+        "MlpPolicy", env, n_steps=32, batch_size=32, seed=0,
+        policy_kwargs=dict(fast=True, squash_output=squash, log_std_init=-0.5),
+    )  # fmt: skip
+    obs = th.as_tensor(env.reset())
+    fast, default = _fast_and_default_steps(model, obs, deterministic)
+    assert calls == [1]  # the fast step ran in NumPy once, the default one did not
+    for got, want in zip(fast, default, strict=True):
+        assert got.shape == want.shape and got.dtype == want.dtype
+        th.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    model.learn(model.n_steps * n_envs)
+    assert model.rollout_buffer.carries_pi_old and len(calls) > model.n_steps  # pi_old recorded from the NumPy steps
+
+
+def test_fast_mode_acts_with_torch_where_numpy_cannot_or_must_not():
+    """The NumPy step runs only inside a collection, without autograd or hooks, for a state-independent Gaussian."""
+    from sb3_ppo_ext.policies import ArrayPlan
+
+    obs = th.as_tensor(np.zeros((2, 3), dtype=np.float32))
+    sde = PPOExt("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(fast=True, state_dependent_std=True, squash_output=False))
+    discrete = PPOExt("MlpPolicy", "CartPole-v1", policy_kwargs=dict(fast=True))
+    model = PPOExt("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(fast=True))
+    policy = model.policy
+    calls = []
+    original = ArrayPlan.step
+    ArrayPlan.step = lambda plan, obs: calls.append(1) or original(plan, obs)
+    try:
+        with th.no_grad():
+            policy(obs)  # no collection, no plan
+            for other, observation in ((sde, obs), (discrete, th.zeros((2, 4)))):
+                with other.policy.acting():
+                    other.policy(observation)
+            with policy.acting():
+                handle = policy.action_net.register_forward_hook(lambda *_: None)
+                policy(obs)
+                handle.remove()
+        with policy.acting():
+            policy(obs)  # autograd on
+        assert calls == []
+        with th.no_grad(), policy.acting():
+            policy(obs)
+        assert calls == [1]
+    finally:
+        ArrayPlan.step = original
+    with th.no_grad(), policy.acting(), pytest.raises(ValueError, match="non-finite log-probability"):
+        policy(th.full((2, 3), float("nan")))
