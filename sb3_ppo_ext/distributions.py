@@ -63,7 +63,13 @@ def log_tanh_jacobian_sum(u: th.Tensor) -> th.Tensor:
     return (_TWO_LOG_TWO * u.shape[-1]) - 2.0 * th.logaddexp(u, -u).sum(dim=-1)
 
 
-def squashed_log_prob(actions: th.Tensor, loc: th.Tensor, scale: th.Tensor, log_half_range_sum: float) -> th.Tensor:
+def squashed_log_prob(
+    actions: th.Tensor,
+    loc: th.Tensor,
+    scale: th.Tensor,
+    log_half_range_sum: float,
+    scale_terms: tuple[th.Tensor, th.Tensor] | None = None,
+) -> th.Tensor:
     """
     :meth:`TanhSquashedDistribution.log_prob` from the base Gaussian's parameters (what a rollout step
     computes without building the distribution).
@@ -72,10 +78,12 @@ def squashed_log_prob(actions: th.Tensor, loc: th.Tensor, scale: th.Tensor, log_
     :param loc: the base Gaussian's mean
     :param scale: the base Gaussian's standard deviation
     :param log_half_range_sum: ``sum(log((high - low) / 2))`` over the action dimensions
+    :param scale_terms: :func:`gaussian_scale_terms` of ``scale``, computed beforehand (rollout steps, no autograd)
     :return: log-density of the environment action, summed over action dimensions
     """
     z = (actions - loc) / scale
-    per_dimension = th.addcmul(th.logaddexp(actions, -actions).mul(2.0) - scale.log(), z, z, value=-0.5)
+    log_scale = scale.log() if scale_terms is None else scale_terms[1]
+    per_dimension = th.addcmul(th.logaddexp(actions, -actions).mul(2.0) - log_scale, z, z, value=-0.5)
     constant = (_HALF_LOG_TWO_PI + _TWO_LOG_TWO) * actions.shape[-1] + log_half_range_sum
     return per_dimension.sum(dim=-1) - constant
 
@@ -85,12 +93,24 @@ _LOG_SQRT_TWO_PI = math.log(math.sqrt(2 * math.pi))
 _HUGE_NEG_LOGIT = -1e8  # sb3-contrib's logit of a masked-out action (MaskableCategorical.apply_masking)
 
 
-def gaussian_log_prob(actions: th.Tensor, mean: th.Tensor, scale: th.Tensor) -> th.Tensor:
+def gaussian_scale_terms(scale: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+    """``(2 * scale**2, scale.log())``: what ``Normal.log_prob`` computes from the scale, as it computes it."""
+    return 2 * scale**2, scale.log()
+
+
+def gaussian_log_prob(
+    actions: th.Tensor, mean: th.Tensor, scale: th.Tensor, scale_terms: tuple[th.Tensor, th.Tensor] | None = None
+) -> th.Tensor:
     """
     SB3's ``DiagGaussianDistribution.log_prob`` from the Gaussian's parameters: torch's ``Normal.log_prob``,
     operation for operation (the same bits and autograd graph), summed over the action dimensions.
+    ``scale_terms`` (:func:`gaussian_scale_terms` of ``scale``, computed beforehand: rollout steps, whose
+    scale does not change between steps and which record no autograd graph) are the same values.
     """
-    return sum_independent_dims(-((actions - mean) ** 2) / (2 * scale**2) - scale.log() - _LOG_SQRT_TWO_PI)
+    if scale_terms is None:  # in torch's order (the update's autograd graph is torch's, node for node)
+        return sum_independent_dims(-((actions - mean) ** 2) / (2 * scale**2) - scale.log() - _LOG_SQRT_TWO_PI)
+    two_variance, log_scale = scale_terms
+    return sum_independent_dims(-((actions - mean) ** 2) / two_variance - log_scale - _LOG_SQRT_TWO_PI)
 
 
 def gaussian_entropy(scale: th.Tensor) -> th.Tensor:
@@ -104,6 +124,7 @@ def direct_gaussian(
     deterministic: bool,
     log_half_range_sum: float | None = None,
     noise: th.Tensor | None = None,
+    scale_terms: tuple[th.Tensor, th.Tensor] | None = None,
 ) -> tuple[th.Tensor, th.Tensor, tuple[th.Tensor, th.Tensor]]:
     """
     A rollout step of SB3's ``DiagGaussianDistribution`` or ``StateDependentNoiseDistribution`` (or
@@ -116,6 +137,7 @@ def direct_gaussian(
     :param deterministic: the mean instead of a sample (SB3's ``mode``)
     :param log_half_range_sum: the squashed head's constant; ``None`` for the unsquashed Gaussian
     :param noise: gSDE's exploration noise (``get_noise`` of the latent); ``None``: a diagonal Gaussian's draw
+    :param scale_terms: :func:`gaussian_scale_terms` of ``scale`` where computed beforehand (the same values)
     :return: actions (pre-squash for the squashed head), their log-probability and the Gaussian's ``(loc, scale)``
     """
     if deterministic:
@@ -125,9 +147,9 @@ def direct_gaussian(
     else:  # SB3 samples with ``rsample`` (reparametrised): torch draws a standard normal and moves it.
         actions = mean + th.empty(mean.shape, dtype=mean.dtype, device=mean.device).normal_() * scale
     if log_half_range_sum is not None:
-        log_prob = squashed_log_prob(actions, mean, scale, log_half_range_sum)
+        log_prob = squashed_log_prob(actions, mean, scale, log_half_range_sum, scale_terms)
     else:
-        log_prob = gaussian_log_prob(actions, mean, scale)
+        log_prob = gaussian_log_prob(actions, mean, scale, scale_terms)
     return actions, log_prob, (mean, scale)
 
 

@@ -39,6 +39,7 @@ from sb3_ppo_ext.distributions import (
     gaussian_entropy,
     gaussian_log_prob,
     gaussian_log_prob_constant,
+    gaussian_scale_terms,
     gaussian_step_from_noise,
     log_tanh_jacobian_sum,
     rescale_tanh64,
@@ -234,9 +235,45 @@ def _plan_steps(module: nn.Module, modules: list[nn.Module]) -> list[Any] | None
     return steps
 
 
-def _run_steps(steps: tuple[Any, ...], x: th.Tensor) -> th.Tensor:
+class TensorSnapshot:
+    """
+    A CPU tensor's memory and contents at one moment, to tell whether a value computed from it still holds:
+    ``unchanged()`` while the tensor keeps that memory and those bytes (an in-place change through ``.data``
+    moves no version counter, so the bytes are compared; a small tensor, e.g. ``log_std``, costs a microsecond).
+    """
+
+    __slots__ = ("array", "contents", "pointer", "tensor")
+
+    def __init__(self, tensor: th.Tensor) -> None:
+        self.tensor, self.pointer = tensor, tensor.data_ptr()
+        self.array: np.ndarray = tensor.detach().numpy()  # shares the tensor's memory
+        self.contents = self.array.tobytes()
+
+    def unchanged(self) -> bool:
+        return self.tensor.data_ptr() == self.pointer and self.array.tobytes() == self.contents
+
+
+class _Addmm(tuple):
+    """``(bias, weight.t())`` of an ``nn.Linear``: ``F.linear`` of a 2-D input is ``addmm(bias, input, weight.t())``."""
+
+
+def _addmm_step(step: Any) -> Any:
+    """A :func:`_layer_step` as the acting plan's torch step runs it: a Linear with a bias as :class:`_Addmm`, else as is."""
+    if type(step) is tuple and step[1] is not None:
+        return _Addmm((step[1], step[0].t()))
+    return step
+
+
+def _run_plan_steps(steps: tuple[Any, ...], x: th.Tensor) -> th.Tensor:
+    """The steps of :func:`_addmm_step` on a 2-D input: the operations of ``F.linear`` (less its ``t()``), the activations."""
     for step in steps:
-        x = F.linear(x, *step) if type(step) is tuple else step(x)
+        kind = type(step)
+        if kind is _Addmm:
+            x = th.addmm(step[0], x, step[1])
+        elif kind is tuple:
+            x = F.linear(x, *step)
+        else:
+            x = step(x)
     return x
 
 
@@ -263,6 +300,24 @@ class ActingPlan:
         self.modules, self.pi, self.vf, self.action, self.value = modules, pi, vf, action, value
         self.one_hot = one_hot
         self._arrays: ArrayPlan | bool | None = False  # not built yet
+        #: the layers' tensors (weights and biases), and where their memory was when the plan's derived forms were built
+        self.tensors = [t for steps in (pi, vf, (action, value)) for step in steps if type(step) is tuple
+                         for t in step if t is not None]  # fmt: skip
+        self._pointers = [t.data_ptr() for t in self.tensors]
+        self._torch: tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]] | None = None
+        #: what the policy's head computes once per collection for the torch step (``PPOExtActorCriticPolicy._step_scale``)
+        self.head: Any = None
+
+    def _built(self) -> tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]:
+        """The torch step's layers (:func:`_addmm_step`), built on the first step."""
+        if self._torch is None:
+            self._torch = (
+                tuple(_addmm_step(step) for step in self.pi),
+                tuple(_addmm_step(step) for step in self.vf),
+                (_addmm_step(self.action),),
+                (_addmm_step(self.value),),
+            )
+        return self._torch
 
     def arrays(self) -> ArrayPlan | None:
         """This plan in NumPy (:class:`ArrayPlan`, the fast mode's), built on the first call; ``None`` where it cannot run."""
@@ -308,6 +363,11 @@ class ActingPlan:
         for module in self.modules:  # _runs_own_hooks, inlined: this runs at every step
             if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks:
                 return False
+        # A tensor given new memory (``weight.data = ...``, not an in-place change): its transposed view and
+        # NumPy array are rebuilt.
+        if any(t.data_ptr() != pointer for t, pointer in zip(self.tensors, self._pointers, strict=True)):
+            self._pointers = [t.data_ptr() for t in self.tensors]
+            self._torch, self._arrays = None, False
         return True
 
     def step(self, obs: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
@@ -317,8 +377,12 @@ class ActingPlan:
             features = F.one_hot(obs.long(), num_classes=self.one_hot).float().flatten(1, -1)
         else:
             features = obs.float().flatten(1, -1)
-        latent_pi = _run_steps(self.pi, features)
-        return latent_pi, F.linear(_run_steps(self.vf, features), *self.value), F.linear(latent_pi, *self.action)
+        if th.is_grad_enabled():  # the transposed views carry no autograd history: F.linear on the layers' own tensors
+            pi, vf, action, value = self.pi, self.vf, (self.action,), (self.value,)
+        else:
+            pi, vf, action, value = self._built()
+        latent_pi = _run_plan_steps(pi, features)
+        return latent_pi, _run_plan_steps(value, _run_plan_steps(vf, features)), _run_plan_steps(action, latent_pi)
 
 
 def _array_step(step: Any) -> Any:
@@ -364,9 +428,7 @@ class ArrayPlan:
     @classmethod
     def of(cls, plan: ActingPlan) -> ArrayPlan | None:
         """``plan`` in NumPy, or ``None`` where it cannot run there (not a CPU float32 network, or one-hot observations)."""
-        tensors = [t for steps in (plan.pi, plan.vf, (plan.action, plan.value)) for step in steps if type(step) is tuple
-                   for t in step if t is not None]  # fmt: skip
-        if plan.one_hot is not None or any(t.device.type != "cpu" or t.dtype != th.float32 for t in tensors):
+        if plan.one_hot is not None or any(t.device.type != "cpu" or t.dtype != th.float32 for t in plan.tensors):
             return None
         return cls(plan)
 
@@ -822,17 +884,34 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         if kind == "categorical":
             actions, log_prob, logits = direct_categorical(head, deterministic)
             return self._acted(actions, values, log_prob, "categorical", logits)
-        noise = None
-        if kind == "gaussian":  # DiagGaussianDistribution.proba_distribution
-            log_std = self._bounded_log_std(latent_pi) if self.state_dependent_std else self.log_std
-            scale = log_std.exp().expand_as(head)  # SB3: ones_like(head) * exp(log_std), the same values (x * 1 == x)
+        noise = scale_terms = None
+        if kind == "gaussian" and not self.state_dependent_std:
+            scale, scale_terms = self._step_scale(head)
+        elif kind == "gaussian":  # DiagGaussianDistribution.proba_distribution
+            scale = self._bounded_log_std(latent_pi).exp().expand_as(head)
         else:  # StateDependentNoiseDistribution.proba_distribution and sample
             latent_sde = latent_pi if dist.learn_features else latent_pi.detach()  # type: ignore[attr-defined]
             scale = th.sqrt(th.mm(latent_sde**2, dist.get_std(self.log_std) ** 2) + dist.epsilon)  # type: ignore[attr-defined]
             noise = None if deterministic else dist.get_noise(latent_sde)  # type: ignore[attr-defined]
         log_half_range_sum = self._log_half_range_sum if self.squash_output else None
-        actions, log_prob, parameters = direct_gaussian(head, scale, deterministic, log_half_range_sum, noise)
+        actions, log_prob, parameters = direct_gaussian(head, scale, deterministic, log_half_range_sum, noise, scale_terms)
         return self._acted(actions, values, log_prob, "normal", parameters)
+
+    def _step_scale(self, head: th.Tensor) -> tuple[th.Tensor, tuple[th.Tensor, th.Tensor] | None]:
+        """
+        The state-independent Gaussian's scale for a rollout step (SB3: ``ones_like(head) * exp(log_std)``,
+        the same values, as ``x * 1 == x``) and, within a collection's acting plan on a CPU with autograd off,
+        its :func:`~sb3_ppo_ext.distributions.gaussian_scale_terms`: computed once and reused while ``log_std``
+        keeps its memory and its values (compared byte for byte at each step), so the same values as computing them.
+        """
+        plan, log_std = self._acting_plan, self.log_std
+        if plan is None or th.is_grad_enabled() or log_std.device.type != "cpu":
+            return log_std.exp().expand_as(head), None
+        cached = plan.head
+        if cached is None or cached[0] != head.shape or not cached[1].unchanged():
+            scale = log_std.exp().expand_as(head)
+            cached = plan.head = (head.shape, TensorSnapshot(log_std), scale, gaussian_scale_terms(scale))
+        return cached[2], cached[3]
 
     def _array_forward(self, obs: PyTorchObs, deterministic: bool) -> tuple[th.Tensor, th.Tensor, th.Tensor] | None:
         """
@@ -847,15 +926,16 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         arrays = plan.arrays()
         if arrays is None:
             return None
-        if arrays.head is None:  # the parameters do not change within a collection
-            log_std = self.log_std.detach().numpy()
+        if arrays.head is None or not arrays.head[0].unchanged():  # once per collection, unless log_std changes
+            snapshot = TensorSnapshot(self.log_std)
             log_half_range_sum = self._log_half_range_sum if self.squash_output else None
-            arrays.head = (np.exp(log_std), gaussian_log_prob_constant(log_std, log_half_range_sum), th.empty(0))
-        scale, constant, scales = arrays.head
+            constant = gaussian_log_prob_constant(snapshot.array, log_half_range_sum)
+            arrays.head = (snapshot, np.exp(snapshot.array), constant, th.empty(0))
+        snapshot, scale, constant, scales = arrays.head
         values, mean = arrays.step(cast(th.Tensor, obs))
         if scales.shape != mean.shape:
             scales = th.from_numpy(scale).expand(mean.shape)
-            arrays.head = (scale, constant, scales)
+            arrays.head = (snapshot, scale, constant, scales)
         # torch's draw, as the default step's: th.randn is empty(...).normal_()
         noise = None if deterministic else th.randn(mean.shape).numpy()
         actions, log_prob = gaussian_step_from_noise(mean, scale, noise, constant, self.squash_output)

@@ -339,6 +339,62 @@ def test_recurrent_sequence_pass_is_upstreams_bit_for_bit_values_and_gradients(s
     assert all(th.equal(a, b) for a, b in zip(*results, strict=True))
 
 
+@pytest.mark.parametrize("fast", [False, True], ids=["default", "fast"])
+@pytest.mark.parametrize("policy_kwargs", [dict(squash_output=False), dict()], ids=["gaussian", "squashed"])
+def test_acting_plan_follows_parameters_changed_within_a_collection(policy_kwargs, fast):
+    """
+    What the acting plan computes once per collection (the weights' transposed views, the Gaussian's scale
+    terms; the fast mode's NumPy arrays and head) follows a parameter changed within the collection, in place
+    (``.data`` too, which no version counter sees) or given new memory, and a batch of another size: every
+    step is upstream's, bit for bit (the fast mode's: to float rounding). With autograd on, a step inside
+    the collection records upstream's graph.
+    """
+    env = make_vec_env("Pendulum-v1", n_envs=3, seed=0)
+    policy = PPOExt("MlpPolicy", env, policy_kwargs=dict(policy_kwargs, fast=fast), seed=0).policy
+
+    def same(a, b):
+        return th.allclose(a, b, rtol=1e-5, atol=1e-5) if fast else th.equal(a, b)
+
+    obs = th.as_tensor(env.reset(), dtype=th.float32)
+    first_layer = policy.mlp_extractor.policy_net[0]
+
+    def new_memory(tensor, value=None):  # the same values in new memory where value is None
+        tensor.data = tensor.data.clone() if value is None else th.full_like(tensor, value)
+
+    changes = [
+        lambda: None,
+        lambda: policy.log_std.data.add_(0.25),
+        lambda: policy.action_net.weight.data.mul_(1.5),
+        lambda: new_memory(policy.action_net.weight, 0.05),
+        lambda: new_memory(policy.log_std, -0.7),
+        lambda: new_memory(policy.log_std),
+        lambda: policy.log_std.data.add_(0.5),  # in the new memory
+        lambda: new_memory(first_layer.weight),
+        lambda: first_layer.weight.data.mul_(-1.0),
+        lambda: new_memory(policy.value_net.bias, 0.3),
+    ]
+    with th.no_grad(), policy.acting():
+        plan = policy._acting_plan
+        for change in changes:
+            change()
+            for batch in (obs, obs[:1], obs):  # each change's first step has the batch size of the step before
+                th.manual_seed(3)
+                direct = policy(batch)
+                th.manual_seed(3)
+                upstream, _ = _upstream_forward(policy, batch, False)
+                assert all(same(a, b) for a, b in zip(direct, upstream, strict=True))
+            # the derived forms took these steps
+            assert plan.arrays().head is not None if fast else plan._torch is not None and plan.head is not None
+        with th.enable_grad():
+            th.manual_seed(3)
+            direct = policy(obs)
+            th.manual_seed(3)
+            upstream, _ = _upstream_forward(policy, obs, False)
+            assert all(th.equal(a.detach(), b) for a, b in zip(direct, upstream, strict=True))
+            direct[2].sum().backward()
+            assert policy.log_std.grad is not None and first_layer.weight.grad is not None
+
+
 @pytest.mark.parametrize(
     "policy_kwargs, built",
     [
