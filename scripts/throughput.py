@@ -59,6 +59,20 @@ STOCK = "stock PPO"
 SBX = "SBX PPO"
 
 
+def _commit() -> str | None:
+    """The checkout's commit (short hash, ``+`` when the working tree differs from it), or ``None`` outside a git checkout."""
+    import subprocess
+
+    folder = os.path.dirname(os.path.abspath(__file__))
+    try:
+        git = ["git", "-C", folder]
+        commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit.stdout.strip() + ("+" if dirty.stdout.strip() else "")
+
+
 def sbx_ppo(policy: str, env, **kwargs):
     """
     SBX's PPO (Stable-Baselines-Jax, ``pip install sbx-rl``) with the workload's settings: the reference row of
@@ -366,7 +380,13 @@ def main(argv: list[str] | None = None) -> dict:
             "median/best/ratio_* are env-steps per second of process CPU time (time.process_time(), one torch thread, "
             "DummyVecEnv); 'wall' holds the same statistics for wall-clock time"
         ),
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "platform": platform.platform(),
+            # the vector instructions torch's CPU kernels use (AVX2, AVX512, ...): the ratios differ between them
+            "cpu_capability": th.backends.cpu.get_cpu_capability(),
+        },
+        "commit": _commit(),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "variants": {
             name: {"kwargs": repr(variants[name][1]), **entry, "wall": wall_summary[name]}

@@ -205,9 +205,15 @@ def throughput_section(throughput: dict[str, Any] | None) -> tuple[list[str], di
             f"{f'--family {family} ' if family else ''}--env {throughput['env']} --steps {throughput['steps']} "
             f"--repeats {throughput['repeats']} --n-envs {throughput['n_envs']}"
         )
+    machine = throughput["machine"]
+    where = f"{machine['cpu_count']} CPU cores"
+    if machine.get("cpu_capability"):  # recorded from the sixteenth session on
+        where += f" (torch's CPU kernels: {machine['cpu_capability']})"
+    if throughput.get("commit"):
+        where += f", commit {throughput['commit']}"
     lines = [
         f"`python scripts/throughput.py {command} --json ...`, measured {throughput['measured_at']} on "
-        f"{throughput['machine']['cpu_count']} CPU cores, {how}; the variants interleaved (order reversed every "
+        f"{where}, {how}; the variants interleaved (order reversed every "
         f"other repeat); identical hyperparameters for all: `{throughput['hyperparams']}`. The Ext algorithms log "
         "all their diagnostics in every variant (they are always on); the first row is the upstream reference.",
         "",
