@@ -665,8 +665,8 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         bit-identical multi-tensor Adam, and a state-independent Gaussian head (squashed or not) takes its rollout
         steps in NumPy on a CPU (:class:`ArrayPlan`: SB3's standard networks, the same random draws, the
         log-probability from the draw; the default step's values to float rounding). The same updates to float
-        rounding, not bit for bit, and the same learning curves (10 seeds on Pendulum-v1 and
-        LunarLanderContinuous-v3, the benchmark report's suite ``fast``). ``torch.compile`` is not part of it
+        rounding, not bit for bit, and the same learning curves (10 seeds on Pendulum-v1, LunarLanderContinuous-v3
+        and Hopper-v5, the benchmark report's suite ``fast``). ``torch.compile`` is not part of it
         (``scripts/compile_probe.py``: it does not pay for itself within a typical run on a CPU).
         ``False`` (default): with the extensions off, training is upstream's bit for bit.
     :param args: positional arguments of ``ActorCriticPolicy`` after ``lr_schedule``
