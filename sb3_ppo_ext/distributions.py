@@ -82,8 +82,8 @@ def squashed_log_prob(
     :return: log-density of the environment action, summed over action dimensions
     """
     z = (actions - loc) / scale
-    log_scale = scale.log() if scale_terms is None else scale_terms[1]
-    per_dimension = th.addcmul(th.logaddexp(actions, -actions).mul(2.0) - log_scale, z, z, value=-0.5)
+    jacobian = th.logaddexp(actions, -actions).mul(2.0)  # log(scale) after it, as before: the update's graph unchanged
+    per_dimension = th.addcmul(jacobian - (scale.log() if scale_terms is None else scale_terms[1]), z, z, value=-0.5)
     constant = (_HALF_LOG_TWO_PI + _TWO_LOG_TWO) * actions.shape[-1] + log_half_range_sum
     return per_dimension.sum(dim=-1) - constant
 
