@@ -43,8 +43,10 @@ import os
 import platform
 import statistics
 import time
+from pathlib import Path
 
 import torch as th
+from benchmarks.records import source_revision  # scripts/benchmarks, beside this script
 from sb3_contrib import MaskablePPO, RecurrentPPO
 from sb3_contrib.common.envs import InvalidActionEnvDiscrete
 from stable_baselines3 import PPO
@@ -53,24 +55,11 @@ from stable_baselines3.common.utils import LinearSchedule
 from stable_baselines3.common.vec_env import VecNormalize
 from torch import nn
 
+import sb3_ppo_ext
 from sb3_ppo_ext import MaskablePPOExt, PPOExt, RecurrentPPOExt
 
 STOCK = "stock PPO"
 SBX = "SBX PPO"
-
-
-def _commit() -> str | None:
-    """The checkout's commit (short hash, ``+`` when the working tree differs from it), or ``None`` outside a git checkout."""
-    import subprocess
-
-    folder = os.path.dirname(os.path.abspath(__file__))
-    try:
-        git = ["git", "-C", folder]
-        commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return commit.stdout.strip() + ("+" if dirty.stdout.strip() else "")
 
 
 def sbx_ppo(policy: str, env, **kwargs):
@@ -386,7 +375,8 @@ def main(argv: list[str] | None = None) -> dict:
             # the vector instructions torch's CPU kernels use (AVX2, AVX512, ...): the ratios differ between them
             "cpu_capability": th.backends.cpu.get_cpu_capability(),
         },
-        "commit": _commit(),
+        # the commit of the sb3_ppo_ext that was timed (+dirty with uncommitted changes), as benchmark.py's runs record it
+        "commit": source_revision(Path(sb3_ppo_ext.__file__).parent),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "variants": {
             name: {"kwargs": repr(variants[name][1]), **entry, "wall": wall_summary[name]}
