@@ -1,10 +1,14 @@
 """The lean optimizer step: torch's zero_grad, clip_grad_norm_ and multi-tensor Adam, bit for bit, or torch's own calls."""
 
+import copy
+import io
+
 import pytest
 import torch as th
 from torch import nn
 from torch.optim import optimizer as torch_optimizer
 
+from sb3_ppo_ext import optim
 from sb3_ppo_ext.optim import OptimizerStep, _runs_optimizer_hooks
 
 
@@ -145,3 +149,69 @@ def test_a_step_or_zero_grad_set_on_the_optimizer_instance_is_called():
     optimizer.zero_grad = lambda *args, **kwargs: (calls.append("zero_grad"), zero_grad(*args, **kwargs))[1]
     _train(network, optimizer, 3, True, 0.5)
     assert calls == ["zero_grad", "step"] * 3
+
+
+def _shares_one_buffer(tensors: list[th.Tensor]) -> bool:
+    return len({t.untyped_storage().data_ptr() for t in tensors}) == 1
+
+
+def test_multi_tensor_adam_state_lives_in_flat_buffers_with_the_same_bits():
+    """After Adam's first step each group's moments and step counts are views of one buffer each (fewer kernels)."""
+    network = _network()
+    optimizer = th.optim.Adam(_groups(network, True), lr=3e-3, eps=1e-5, foreach=True)
+    _train(network, optimizer, 3, True, 0.5)
+    for group in optimizer.param_groups:
+        trained = [p for p in group["params"] if p.grad is not None]
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert _shares_one_buffer([optimizer.state[p][key] for p in trained])
+    # what torch.save writes of it loads into a fresh optimizer and goes on exactly as the original
+    buffer = io.BytesIO()
+    th.save(optimizer.state_dict(), buffer)
+    buffer.seek(0)
+    copy = _network()
+    copy.load_state_dict(network.state_dict())
+    copy_optimizer = th.optim.Adam(_groups(copy, True), lr=3e-3, eps=1e-5, foreach=True)
+    copy_optimizer.load_state_dict(th.load(buffer))
+    _train(network, optimizer, 5, False, 0.5)
+    _train(copy, copy_optimizer, 5, True, 0.5)
+    assert all(th.equal(a, b) for a, b in zip(_state(network, optimizer), _state(copy, copy_optimizer), strict=True))
+
+
+def test_state_loaded_from_outside_and_new_gradients_are_followed():
+    """
+    ``optimizer.load_state_dict`` (SB3's ``load``/``set_parameters``) between updates, and a parameter that starts
+    to get gradients: the lean steps go on bit for bit with torch's, each on the state the optimizer holds now.
+    """
+    results = []
+    for lean in (False, True):
+        network = _network()
+        optimizer = th.optim.Adam(network.parameters(), lr=3e-3, eps=1e-5, foreach=True)
+        _train(network, optimizer, 4, lean, 0.5)
+        earlier = copy.deepcopy(optimizer.state_dict())
+        _train(network, optimizer, 4, lean, 0.5)
+        optimizer.load_state_dict(earlier)  # moments and step counts four steps old, new tensors
+        loaded = [optimizer.state[p]["exp_avg"] for p in network.body.parameters()]
+        _train(network, optimizer, 3, lean, 0.5)
+        if lean:  # laid out afresh from the loaded state
+            now = [optimizer.state[p]["exp_avg"] for p in network.body.parameters()]
+            assert _shares_one_buffer(now) and not any(a is b for a, b in zip(now, loaded, strict=True))
+        unused = network.unused
+        network.forward = lambda x, unused=unused, body=network.body: body(x) + unused(x[:, :2]).sum()
+        _train(network, optimizer, 6, lean, 0.5)  # its step counts trail the others': per parameter from now on
+        results.append(_state(network, optimizer))
+    assert all(th.equal(a, b) for a, b in zip(*results, strict=True))
+
+
+def test_a_flat_layout_whose_bits_differ_is_not_used(monkeypatch):
+    """Where the flat arithmetic does not match torch's bit for bit here, every step runs per parameter."""
+    monkeypatch.setattr(optim, "flat_adam_is_exact", lambda *args: False)
+    network = _network()
+    optimizer = th.optim.Adam(network.parameters(), lr=3e-3, eps=1e-5, foreach=True)
+    _train(network, optimizer, 3, True, 0.5)
+    assert not _shares_one_buffer([optimizer.state[p]["exp_avg"] for p in network.body.parameters()])
+
+
+def test_the_exactness_check_compares_bits():
+    assert optim.flat_adam_is_exact((3, 17, 64, 1), th.float32, th.device("cpu"))
+    assert not optim._same_bits(th.tensor([0.0]), th.tensor([-0.0]))
+    assert optim._same_bits(th.tensor([float("nan")]), th.tensor([float("nan")]))
