@@ -890,12 +890,20 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         elif kind == "gaussian":  # DiagGaussianDistribution.proba_distribution
             scale = self._bounded_log_std(latent_pi).exp().expand_as(head)
         else:  # StateDependentNoiseDistribution.proba_distribution and sample
-            latent_sde = latent_pi if dist.learn_features else latent_pi.detach()  # type: ignore[attr-defined]
-            scale = th.sqrt(th.mm(latent_sde**2, dist.get_std(self.log_std) ** 2) + dist.epsilon)  # type: ignore[attr-defined]
+            latent_sde, scale = self._sde_scale(latent_pi)
             noise = None if deterministic else dist.get_noise(latent_sde)  # type: ignore[attr-defined]
         log_half_range_sum = self._log_half_range_sum if self.squash_output else None
         actions, log_prob, parameters = direct_gaussian(head, scale, deterministic, log_half_range_sum, noise, scale_terms)
         return self._acted(actions, values, log_prob, "normal", parameters)
+
+    def _sde_scale(self, latent_pi: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        """
+        gSDE's ``latent_sde`` and the Gaussian's scale, as SB3's ``StateDependentNoiseDistribution.proba_distribution``
+        computes them (``sqrt(latent_sde**2 @ std**2 + epsilon)``).
+        """
+        dist = cast(StateDependentNoiseDistribution, self.action_dist)
+        latent_sde = latent_pi if dist.learn_features else latent_pi.detach()
+        return latent_sde, th.sqrt(th.mm(latent_sde**2, dist.get_std(self.log_std) ** 2) + dist.epsilon)
 
     def _step_scale(self, head: th.Tensor) -> tuple[th.Tensor, tuple[th.Tensor, th.Tensor] | None]:
         """
@@ -980,9 +988,10 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None] | None:
         """
         :meth:`evaluate_actions_and_distribution` without the distribution, for a minibatch whose
-        distribution is not needed (no KL penalty): the diagonal Gaussian head, squashed or not, computed
-        with the operations of SB3's ``DiagGaussianDistribution`` and torch's ``Normal`` (and of
-        :class:`~sb3_ppo_ext.distributions.TanhSquashedDistribution`), without building those objects:
+        distribution is not needed (no KL penalty): the diagonal Gaussian head, squashed or not, gSDE or not,
+        computed with the operations of SB3's ``DiagGaussianDistribution`` (``StateDependentNoiseDistribution``)
+        and torch's ``Normal`` (and of :class:`~sb3_ppo_ext.distributions.TanhSquashedDistribution`), without
+        building those objects:
         the same values, gradients and random draws, bit for bit (tested). ``None`` for the other heads,
         and where a subclass scores actions its own way: the caller then evaluates with the distribution.
 
@@ -993,8 +1002,9 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         """
         cls = type(self)
         own_dist, own_evaluate = _OWN_SCORING
+        kind = self.direct_head()
         if (
-            type(self.action_dist) is not DiagGaussianDistribution
+            kind not in ("gaussian", "sde")
             or self.state_dependent_std
             or cls._get_action_dist_from_latent is not own_dist
             or cls.evaluate_actions_and_distribution is not own_evaluate
@@ -1002,7 +1012,10 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
             return None
         latent_pi, latent_vf = self._latents(obs)
         mean = lean_call(self.action_net, latent_pi)
-        scale = th.ones_like(mean) * self.log_std.exp()  # DiagGaussianDistribution.proba_distribution
+        if kind == "gaussian":  # DiagGaussianDistribution.proba_distribution
+            scale = th.ones_like(mean) * self.log_std.exp()
+        else:
+            scale = self._sde_scale(latent_pi)[1]
         values = lean_call(self.value_net, latent_vf)
         if self.squash_output:
             log_prob = squashed_log_prob(actions, mean, scale, self._log_half_range_sum)

@@ -495,14 +495,20 @@ def test_a_hook_registered_during_a_collection_runs_and_the_plan_lives_for_the_c
         dict(entropy_estimator="gaussian"),
         dict(entropy_estimator="sample"),
         dict(squash_output=False, net_arch=dict(pi=[8], vf=[4]), activation_fn=nn.ReLU, share_features_extractor=False),
+        dict(squash_output=False, use_sde=True),
+        dict(use_sde=True),  # squashed gSDE, Monte Carlo entropy
+        dict(squash_output=False, use_sde=True, full_std=False, use_expln=True),
     ],
-    ids=["gaussian", "squashed_mc", "squashed_gaussian", "squashed_sample", "unshared"],
+    ids=["gaussian", "squashed_mc", "squashed_gaussian", "squashed_sample", "unshared", "sde", "squashed_sde", "sde_expln"],
 )
 @pytest.mark.parametrize("entropy_requires_grad", [True, False])
 def test_direct_evaluation_is_the_distributions_bit_for_bit(policy_kwargs, entropy_requires_grad):
     """Values, log-probabilities, entropy, gradients and random draws of the evaluation without distribution objects."""
-    model = PPOExt("MlpPolicy", "Pendulum-v1", policy_kwargs=policy_kwargs, seed=0)
+    policy_kwargs = dict(policy_kwargs)
+    use_sde = policy_kwargs.pop("use_sde", False)
+    model = PPOExt("MlpPolicy", "Pendulum-v1", policy_kwargs=policy_kwargs, use_sde=use_sde, seed=0)
     policy = model.policy
+    assert policy.direct_head() == ("sde" if use_sde else "gaussian")
     with th.no_grad():
         for parameter in policy.parameters():
             parameter.add_(0.3 * th.randn_like(parameter))
@@ -535,7 +541,6 @@ def test_direct_evaluation_leaves_other_heads_and_own_scoring_to_the_distributio
 
     cases = [
         ("Pendulum-v1", dict(policy_kwargs=dict(action_dist="beta"))),
-        ("Pendulum-v1", dict(use_sde=True)),
         ("Pendulum-v1", dict(policy_kwargs=dict(state_dependent_std=True))),
         ("CartPole-v1", dict()),
     ]
