@@ -1,0 +1,65 @@
+"""
+Issue 22's speed workloads (``scripts/throughput.py --workload NAME``: rl-zoo3's settings for each env), bit for bit:
+with the extensions off, each Ext class trains on them exactly as the class it replaces (rollouts, weights, Adam's
+state, ``VecNormalize`` statistics and logged losses), through every seam the speed work added (the acting plan,
+the direct scoring of the heads, Adam's flat buffers). The rollouts are shortened to about 512 steps where
+rl-zoo3's are longer; every other setting is rl-zoo3's.
+"""
+
+import numpy as np
+import pytest
+import throughput  # scripts/throughput.py (scripts/ is on the tests' sys.path)
+import torch as th
+from stable_baselines3.common.vec_env import VecNormalize
+
+from sb3_ppo_ext import optim
+
+# The bit-for-bit variant of each family (the first variant is the upstream class).
+BIT_FOR_BIT = {"ppo": "PPOExt, squash off", "maskable": "MaskablePPOExt", "recurrent": "RecurrentPPOExt, squash off"}
+
+
+def _train(family: str, name: str, env_id: str, n_envs: int, normalize: bool, hyperparams: dict):
+    variants, policy, _ = throughput.FAMILIES[family]
+    algo, kwargs = variants[name]
+    policy_kwargs = {**hyperparams.get("policy_kwargs", {}), **kwargs.get("policy_kwargs", {})}
+    merged = {**hyperparams, **kwargs, **({"policy_kwargs": policy_kwargs} if policy_kwargs else {})}
+    model = algo(policy, throughput.make_env(env_id, n_envs, 3, normalize), seed=3, **merged)
+    rollouts = 4 if hyperparams["n_steps"] * n_envs < 64 else 2
+    return model.learn(rollouts * hyperparams["n_steps"] * n_envs)
+
+
+@pytest.mark.parametrize("workload", sorted(throughput.WORKLOADS))
+def test_each_speed_workload_trains_bit_for_bit_like_upstream(workload):
+    family, env_id, n_envs, normalize, hyperparams = throughput.WORKLOADS[workload]
+    hyperparams = dict(hyperparams)
+    if hyperparams.get("n_steps", 2048) * n_envs > 1024:
+        hyperparams["n_steps"] = 512 // n_envs
+    upstream_name = next(iter(throughput.FAMILIES[family][0]))
+    upstream, ext = (
+        _train(family, name, env_id, n_envs, normalize, hyperparams) for name in (upstream_name, BIT_FOR_BIT[family])
+    )
+    assert ext.num_timesteps == upstream.num_timesteps and ext._n_updates == upstream._n_updates > 0
+    for field in ("observations", "actions", "rewards", "returns", "values", "log_probs"):
+        stored, own = getattr(upstream.rollout_buffer, field), getattr(ext.rollout_buffer, field)
+        assert np.array_equal(stored, own), field
+    for (key, value), (own_key, own) in zip(
+        upstream.policy.state_dict().items(), ext.policy.state_dict().items(), strict=True
+    ):
+        assert key == own_key and th.equal(value, own), key
+    moments = [
+        [state[key] for state in optimizer.state.values() for key in ("exp_avg", "exp_avg_sq", "step")]
+        for optimizer in (upstream.policy.optimizer, ext.policy.optimizer)
+    ]
+    assert len(moments[0]) == len(moments[1]) > 0
+    assert all(th.equal(a, b) for a, b in zip(*moments, strict=True))
+    if normalize:
+        for model in (upstream, ext):
+            assert isinstance(model.get_env(), VecNormalize)
+        assert np.array_equal(upstream.get_env().obs_rms.mean, ext.get_env().obs_rms.mean)
+        assert np.array_equal(upstream.get_env().ret_rms.var, ext.get_env().ret_rms.var)
+    # means over the update in both (train/loss is upstream's last minibatch's, PPOExt's the update's mean)
+    for key in ("train/value_loss", "train/policy_gradient_loss", "train/entropy_loss"):
+        assert upstream.logger.name_to_value[key] == ext.logger.name_to_value[key], key
+    # the seams under test were taken: Adam's state in flat buffers (the last update's layout)
+    layouts = optim._FLAT_GROUPS.get(ext.policy.optimizer, {})
+    assert any(entry[1] is not None for entry in layouts.values())
