@@ -189,6 +189,36 @@ def lean_call(module: nn.Module, x: th.Tensor) -> th.Tensor:
     return _lean_layers(module, x)
 
 
+def lean_lstm(
+    lstm: nn.LSTM, x: th.Tensor, states: tuple[th.Tensor, th.Tensor], weights: list[th.Tensor] | None = None
+) -> tuple[th.Tensor, tuple[th.Tensor, th.Tensor]]:
+    """
+    ``lstm(x, states)`` for a plain ``nn.LSTM`` called as sb3-contrib's recurrent policies call it (a batched,
+    3-D input and both states): the ``torch.lstm`` that ``nn.LSTM.forward`` calls, with the same arguments,
+    without the module's per-call checks and weight bookkeeping. The same function on the same tensors, so the
+    same values and autograd graph, bit for bit (tested). A subclass of ``nn.LSTM``, a module that would run
+    hooks and any other input go through the module (its checks and messages).
+
+    :param lstm: the LSTM
+    :param x: its input, ``(steps, batch, features)`` (``(batch, steps, features)`` with ``batch_first``)
+    :param states: the hidden and cell states
+    :param weights: :func:`lstm_weights` of ``lstm``, where the caller made them once for several calls
+    :return: the output and the new ``(hidden, cell)`` states
+    """
+    if type(lstm) is not nn.LSTM or runs_hooks(lstm) or x.dim() != 3 or len(states) != 2 or states[0].dim() != 3:
+        return lstm(x, states)
+    output, hidden, cell = th.lstm(
+        x, states, lstm_weights(lstm) if weights is None else weights, lstm.bias, lstm.num_layers,
+        float(lstm.dropout), lstm.training, lstm.bidirectional, lstm.batch_first,
+    )  # fmt: skip
+    return output, (hidden, cell)
+
+
+def lstm_weights(lstm: nn.LSTM) -> list[th.Tensor]:
+    """The weights ``nn.LSTM.forward`` hands ``torch.lstm``, layer by layer, as its public ``all_weights`` lists them."""
+    return [weight for layer in lstm.all_weights for weight in layer]
+
+
 def _layer_step(module: nn.Module) -> tuple[th.Tensor, th.Tensor | None] | Callable[[th.Tensor], th.Tensor] | None:
     """
     What a layer's ``forward`` computes, for the layers SB3 builds its networks from: ``(weight, bias)`` of
@@ -1336,9 +1366,10 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
     ) -> tuple[th.Tensor, th.Tensor]:
         """
         Upstream's ``_process_sequence`` (the LSTM over padded sequences, one step at a time where an
-        episode starts inside them) with one change: the states are multiplied by ``1 - episode_start``
-        only at the steps where some sequence starts an episode. At the other steps upstream multiplies
-        them by exactly 1, which changes no value and no gradient, so the result is upstream's bit for bit
+        episode starts inside them) with two changes: the states are multiplied by ``1 - episode_start``
+        only at the steps where some sequence starts an episode (at the other steps upstream multiplies
+        them by exactly 1, which changes no value and no gradient), and the LSTM is called through
+        :func:`lean_lstm` (the same ``torch.lstm`` call as the module's). The result is upstream's bit for bit
         (tested). The rollout buffer cuts sequences at episode starts, so in an update that is the first
         step only. A test compares this copy with the installed sb3-contrib's method and fails on drift.
 
@@ -1354,19 +1385,20 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
         episode_starts = episode_starts.reshape((n_seq, -1)).swapaxes(0, 1)
         resets = (episode_starts != 0.0).any(dim=1).tolist()
         if not any(resets):
-            lstm_output, lstm_states = lstm(features_sequence, lstm_states)
+            lstm_output, lstm_states = lean_lstm(lstm, features_sequence, lstm_states)
             lstm_output = th.flatten(lstm_output.transpose(0, 1), start_dim=0, end_dim=1)
             return lstm_output, lstm_states  # type: ignore[return-value]
-        lstm_output = []
+        lstm_output = []  # type: ignore[assignment]  # upstream's names: a list, then the flattened tensor
+        weights = lstm_weights(lstm)
         for features, episode_start, reset in zip(features_sequence, episode_starts, resets, strict=True):
             if reset:
                 lstm_states = (
                     (1.0 - episode_start).view(1, n_seq, 1) * lstm_states[0],
                     (1.0 - episode_start).view(1, n_seq, 1) * lstm_states[1],
                 )
-            hidden, lstm_states = lstm(features.unsqueeze(dim=0), lstm_states)
-            lstm_output += [hidden]
-        lstm_output = th.flatten(th.cat(lstm_output).transpose(0, 1), start_dim=0, end_dim=1)
+            hidden, lstm_states = lean_lstm(lstm, features.unsqueeze(dim=0), lstm_states, weights)
+            lstm_output += [hidden]  # type: ignore[arg-type]
+        lstm_output = th.flatten(th.cat(lstm_output).transpose(0, 1), start_dim=0, end_dim=1)  # type: ignore[arg-type]
         return lstm_output, lstm_states  # type: ignore[return-value]
 
     def _sequence_pass(
@@ -1391,7 +1423,7 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
         if len(starts) > 1 and bool(starts[1:].any()):
             return self._process_sequence(features, lstm_states, episode_starts, lstm)  # type: ignore[return-value]
         keep = (1.0 - starts[0]).view(1, n_seq, 1)
-        output, states = lstm(sequences, (keep * lstm_states[0], keep * lstm_states[1]))
+        output, states = lean_lstm(lstm, sequences, (keep * lstm_states[0], keep * lstm_states[1]))
         return th.flatten(output.transpose(0, 1), start_dim=0, end_dim=1), states
 
     def sequence_distribution(

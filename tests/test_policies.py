@@ -12,7 +12,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from torch import nn
 
 from sb3_ppo_ext import MaskablePPOExt, PPOExt, RecurrentPPOExt
-from sb3_ppo_ext.policies import RecurrentPPOExtPolicy, lean_call, runs_hooks, with_foreach_adam
+from sb3_ppo_ext.policies import RecurrentPPOExtPolicy, lean_call, lean_lstm, runs_hooks, with_foreach_adam
 
 
 def test_with_foreach_adam_keeps_sb3s_eps_and_the_users_choices():
@@ -300,6 +300,7 @@ def test_recurrent_sequence_copy_matches_the_installed_upstream():
     removed, added = copy_changes(RecurrentActorCriticPolicy._process_sequence, RecurrentPPOExtPolicy._process_sequence)
     assert removed == [
         "if th.all(episode_starts == 0.0):",
+        "lstm_output, lstm_states = lstm(features_sequence, lstm_states)",
         "for features, episode_start in zip(features_sequence, episode_starts, strict=True):",
         "hidden, lstm_states = lstm(features.unsqueeze(dim=0), ((1.0 - episode_start).view(1, n_seq, 1) * lstm_states[0], "
         "(1.0 - episode_start).view(1, n_seq, 1) * lstm_states[1]))",
@@ -307,12 +308,59 @@ def test_recurrent_sequence_copy_matches_the_installed_upstream():
     assert added == [
         "resets = (episode_starts != 0.0).any(dim=1).tolist()",
         "if not any(resets):",
+        "lstm_output, lstm_states = lean_lstm(lstm, features_sequence, lstm_states)",
+        "weights = lstm_weights(lstm)",
         "for features, episode_start, reset in zip(features_sequence, episode_starts, resets, strict=True):",
         "if reset:",
         "lstm_states = ((1.0 - episode_start).view(1, n_seq, 1) * lstm_states[0], "
         "(1.0 - episode_start).view(1, n_seq, 1) * lstm_states[1])",
-        "hidden, lstm_states = lstm(features.unsqueeze(dim=0), lstm_states)",
+        "hidden, lstm_states = lean_lstm(lstm, features.unsqueeze(dim=0), lstm_states, weights)",
     ], (removed, added)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(), dict(num_layers=2, dropout=0.3), dict(batch_first=True), dict(bidirectional=True), dict(bias=False)],
+    ids=["plain", "two_layers_dropout", "batch_first", "bidirectional", "no_bias"],
+)
+def test_lean_lstm_is_the_modules_call_bit_for_bit(kwargs):
+    """Values, gradients and dropout's random draws of ``lean_lstm``: the module's own, in training mode."""
+    lstm = nn.LSTM(4, 5, **kwargs)
+    generator = th.Generator().manual_seed(0)
+    layers = lstm.num_layers * (2 if lstm.bidirectional else 1)
+    x = th.randn(3, 6, 4, generator=generator)
+    states = tuple(th.randn(layers, 6 if not lstm.batch_first else 3, 5, generator=generator) for _ in range(2))
+    results = []
+    for call in (lambda *args: lstm(*args), lambda *args: lean_lstm(lstm, *args)):
+        lstm.zero_grad()
+        th.manual_seed(1)
+        inputs = x.clone().requires_grad_(True)
+        initial = tuple(state.clone().requires_grad_(True) for state in states)
+        output, (h, c) = call(inputs, initial)
+        (output.square().sum() + h.sum() + 2 * c.sum()).backward()
+        grads = [inputs.grad, *(state.grad for state in initial), *(p.grad.clone() for p in lstm.parameters())]
+        results.append([output.detach(), h.detach(), c.detach(), *grads, th.get_rng_state()])
+    assert all(th.equal(a, b) for a, b in zip(*results, strict=True))
+
+
+def test_lean_lstm_leaves_hooks_subclasses_and_other_inputs_to_the_module():
+    calls = []
+
+    class OwnLSTM(nn.LSTM):
+        def forward(self, *args, **kwargs):
+            calls.append("subclass")
+            return super().forward(*args, **kwargs)
+
+    lstm = nn.LSTM(4, 5)
+    states = (th.zeros(1, 2, 5), th.zeros(1, 2, 5))
+    handle = lstm.register_forward_hook(lambda *args: calls.append("hook"))
+    lean_lstm(lstm, th.randn(3, 2, 4), states)
+    handle.remove()
+    lean_lstm(lstm, th.randn(3, 2, 4), states)  # no hook: torch.lstm directly
+    lean_lstm(OwnLSTM(4, 5), th.randn(3, 2, 4), states)
+    with pytest.raises(RuntimeError, match="hx and cx should also be 2-D"):  # the module's own check and message
+        lean_lstm(lstm, th.randn(3, 4), states)
+    assert calls == ["hook", "subclass"]
 
 
 @pytest.mark.parametrize("starts", ["none", "first_step", "first_and_inside", "inside_only"])
