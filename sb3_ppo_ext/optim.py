@@ -146,8 +146,14 @@ class FlatAdamGroup:
                 return False
         return True
 
-    def step(self, grads: list[th.Tensor], lr: float, beta1: float, beta2: float, eps: float) -> None:
-        """One Adam step of the group (``grads``: the parameters' gradients, in order)."""
+    def step(self, grads: list[th.Tensor], lr: float, beta1: float, beta2: float, eps: float) -> bool:
+        """
+        One Adam step of the group (``grads``: the parameters' gradients, in order), or ``False`` (nothing
+        changed) where the step counts differ (an ``optimizer.step()`` of torch's own stepped only some of them).
+        """
+        counts = self.steps.tolist()
+        if min(counts) != max(counts):
+            return False
         th.cat([grad.reshape(-1) for grad in grads], out=self.grad)
         self.steps.add_(self._one, alpha=1.0)
         self.exp_avg.lerp_(self.grad, 1 - beta1)
@@ -158,6 +164,7 @@ class FlatAdamGroup:
         self.denominator.div_((1 - beta2**count) ** 0.5)
         self.denominator.add_(eps)
         th._foreach_addcdiv_(self.params, self.exp_avg_views, self.denominator_views, (lr / (1 - beta1**count)) * -1)
+        return True
 
 
 @functools.lru_cache(maxsize=64)
@@ -239,6 +246,7 @@ class OptimizerStep:
             and getattr(optimizer, "grad_scale", None) is None
             and getattr(optimizer, "found_inf", None) is None
         )
+        self._layouts = _FLAT_GROUPS.setdefault(optimizer, {})  # Adam's flat buffers, kept from update to update
 
     def zero_grad(self) -> None:
         """``optimizer.zero_grad()`` (torch's default, ``set_to_none=True``): every optimized gradient set to ``None``."""
@@ -261,6 +269,7 @@ class OptimizerStep:
     def step(self) -> None:
         """``optimizer.step()``."""
         if not self._lean_adam or _runs_optimizer_hooks(self.optimizer) or not self._adam_step():
+            self._layouts.clear()  # torch's step may change the state's tensors: laid out afresh afterwards
             self.optimizer.step()
 
     @th.no_grad()
@@ -272,7 +281,7 @@ class OptimizerStep:
         """
         state = self.optimizer.state
         work = []
-        for group in self.optimizer.param_groups:
+        for index, group in enumerate(self.optimizer.param_groups):
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
@@ -280,9 +289,8 @@ class OptimizerStep:
             grads = [p.grad for p in params]
             if any(not s for s in states) or any(g is None or g.is_sparse for g in grads):
                 return False
-            work.append((group, params, grads, states))
-        layouts = _FLAT_GROUPS.setdefault(self.optimizer, {})
-        for index, (group, params, grads, states) in enumerate(work):
+            work.append((index, group, params, grads, states))
+        for index, group, params, grads, states in work:
             beta1, beta2 = group["betas"]
             lr, eps = group["lr"], group["eps"]
             exp_avgs = [s["exp_avg"] for s in states]  # type: ignore[index]
@@ -295,20 +303,18 @@ class OptimizerStep:
                     weight_decay=0.0, eps=eps, maximize=False, grad_scale=None, found_inf=None,
                 )  # fmt: skip
                 continue
-            flat = self._flat_group(layouts, index, group, params)
-            if flat is not None:
-                flat.step(grads, lr, beta1, beta2, eps)
-            else:
+            flat = self._flat_group(index, group, params)
+            if flat is None or not flat.step(grads, lr, beta1, beta2, eps):
                 _foreach_moments_and_params(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps)
         return True
 
-    def _flat_group(self, layouts: dict, index: int, group: dict, params: list[th.Tensor]) -> FlatAdamGroup | None:
+    def _flat_group(self, index: int, group: dict, params: list[th.Tensor]) -> FlatAdamGroup | None:
         """
         The flat layout of a multi-tensor group for this step, or ``None`` (this step runs per parameter): a
         layout that no longer matches is dropped, and a new one is made at the step after (every parameter's
         state then holds the same step count again, unless the set of parameters with gradients keeps changing).
         """
-        state = self.optimizer.state
+        state, layouts = self.optimizer.state, self._layouts
         entry = layouts.get(index)
         if entry is not None:
             if entry[1] is not None:

@@ -195,6 +195,12 @@ def test_state_loaded_from_outside_and_new_gradients_are_followed():
         if lean:  # laid out afresh from the loaded state
             now = [optimizer.state[p]["exp_avg"] for p in network.body.parameters()]
             assert _shares_one_buffer(now) and not any(a is b for a, b in zip(now, loaded, strict=True))
+        # the user's own optimizer.step() on the first layer only (the others have no gradients): its step
+        # counts run ahead of the others', which the flat layout notices
+        optimizer.zero_grad()
+        network.body[0](th.randn(4, 5)).square().sum().backward()
+        optimizer.step()
+        _train(network, optimizer, 3, lean, 0.5)
         unused = network.unused
         network.forward = lambda x, unused=unused, body=network.body: body(x) + unused(x[:, :2]).sum()
         _train(network, optimizer, 6, lean, 0.5)  # its step counts trail the others': per parameter from now on
