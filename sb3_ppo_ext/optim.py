@@ -19,7 +19,10 @@ one buffer than in the separate tensors; so before a layout is first used, :func
 forms on random values of the group's sizes and the flat one is taken only where every bit agrees (on this
 device, dtype and build of torch). State replaced from outside (``optimizer.load_state_dict``, as ``load`` and
 ``set_parameters`` do, or an assignment) or a different set of parameters with gradients is noticed at the next
-step, which then runs per parameter, and the following step lays the buffers out afresh.
+step, which then runs per parameter, and the following step lays the buffers out afresh; so are step counts
+that differ (torch's own ``optimizer.step()`` on some of the parameters), for as long as they differ. The
+parameters themselves and their gradients stay where they are (the gradients are copied into a flat buffer
+once per step).
 """
 
 from __future__ import annotations
