@@ -296,19 +296,22 @@ class OptimizerStep:
         for index, group, params, grads, states in work:
             beta1, beta2 = group["betas"]
             lr, eps = group["lr"], group["eps"]
+            fused = _adam_mode(group) == "fused"
+            if not fused:
+                flat = self._flat_group(index, group, params)
+                if flat is not None and flat.step(grads, lr, beta1, beta2, eps):
+                    continue
             exp_avgs = [s["exp_avg"] for s in states]  # type: ignore[index]
             exp_avg_sqs = [s["exp_avg_sq"] for s in states]  # type: ignore[index]
             steps = [s["step"] for s in states]  # type: ignore[index]
-            if _adam_mode(group) == "fused":  # _fused_adam: the step counters, then one kernel
+            if fused:  # _fused_adam: the step counters, then one kernel
                 th._foreach_add_(steps, 1)
                 th._fused_adam_(
                     params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, lr=lr, beta1=beta1, beta2=beta2,
                     weight_decay=0.0, eps=eps, maximize=False, grad_scale=None, found_inf=None,
                 )  # fmt: skip
                 continue
-            flat = self._flat_group(index, group, params)
-            if flat is None or not flat.step(grads, lr, beta1, beta2, eps):
-                _foreach_moments_and_params(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps)
+            _foreach_moments_and_params(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps)
         return True
 
     def _flat_group(self, index: int, group: dict, params: list[th.Tensor]) -> FlatAdamGroup | None:
