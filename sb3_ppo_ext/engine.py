@@ -52,7 +52,6 @@ from sb3_ppo_ext.distributions import (
     unchecked_distributions,
 )
 from sb3_ppo_ext.files import LOADING, Loading
-from sb3_ppo_ext.optim import OptimizerStep
 from sb3_ppo_ext.reliability import ModelFileError
 
 # Threshold on |a| (in [-1, 1] units) above which a squashed action component counts as saturated.
@@ -705,9 +704,6 @@ class ExtUpdateEngine:
 
         stats = _UpdateStats()
         grad_norms: list[th.Tensor] = []
-        parameters = list(self.policy.parameters())  # once, not per minibatch (the same tensors in the same order)
-        # zero_grad, clip_grad_norm_ and Adam's step as torch computes them, bit for bit (sb3_ppo_ext.optim)
-        optimizer_step = OptimizerStep(self.policy.optimizer, parameters, self.max_grad_norm)
         continue_training = True
         epochs_completed = 0
         for epoch in range(self.n_epochs):
@@ -733,9 +729,11 @@ class ExtUpdateEngine:
                                 )
                             break
 
-                    optimizer_step.zero_grad()
+                    # Optimization step: upstream's three calls, looked up at each step as upstream does
+                    self.policy.optimizer.zero_grad()
                     loss.backward()
-                    grad_norm = optimizer_step.clip()
+                    # Clip grad norm
+                    grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
                     # One host read per minibatch for both guards: loss + norm is finite iff both are. Nothing
                     # has reached the parameters yet (the optimizer steps below); the raise clears the gradients.
                     if not math.isfinite((loss.detach() + grad_norm).item()):
@@ -743,7 +741,7 @@ class ExtUpdateEngine:
                             self._raise_non_finite("loss", epoch, terms)
                         self._raise_non_finite("gradient", epoch, dict(grad_norm=grad_norm, loss=loss))
                     grad_norms.append(grad_norm.detach())
-                    optimizer_step.step()
+                    self.policy.optimizer.step()
             finally:
                 batches.close()
             self._n_updates += 1

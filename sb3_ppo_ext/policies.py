@@ -498,7 +498,7 @@ class CheckedForward:
         # NaN and inf survive a sum (a few log-probabilities cannot overflow it): one tensor op and one host read,
         # unless the step checked its own (the fast mode's, in NumPy).
         log_prob = output[2]
-        if log_prob is not self.__dict__.get("_finite_log_prob") and not math.isfinite(float(log_prob.sum())):
+        if log_prob is not self.__dict__.get("_finite_log_prob") and not math.isfinite(float(log_prob.detach().sum())):
             raise ValueError(
                 f"{type(self).__name__}.forward: non-finite log-probability of the sampled actions (NaN or inf in the "
                 "observations or the network's outputs); check the environment's observations (VecCheckNan) and "

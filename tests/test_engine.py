@@ -16,6 +16,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.logger import configure
 from torch.distributions import Normal, kl_divergence
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from sb3_ppo_ext import MaskablePPOExt, NonFiniteLossError, PPOExt, RecurrentPPOExt
 from sb3_ppo_ext.engine import Minibatch
@@ -339,3 +340,44 @@ def test_ppo1_mode_adapts_beta_once_per_update():
     ratios = [b / a for a, b in itertools.pairwise(betas)]
     assert all(r in (0.5, 1.0, 2.0) for r in ratios), ratios
     assert "train/clip_range" not in model.logger.name_to_value
+
+
+def test_user_patches_and_torch_hooks_run_at_every_minibatch_step_as_under_upstream(family: Member, monkeypatch):
+    """
+    A class-level replacement of ``Adam.step``, a module-level replacement of ``clip_grad_norm_`` and torch's
+    optimizer hooks (global and per optimizer) run once per minibatch step, as many times as under the upstream class.
+    """
+    member = family
+    counts: dict[str, int] = {}
+
+    def count(key: str) -> None:
+        counts[key] = counts.get(key, 0) + 1
+
+    adam_step, clip = th.optim.Adam.step, th.nn.utils.clip_grad_norm_
+
+    def patched_step(self, *args, **kwargs):
+        count("Adam.step")
+        return adam_step(self, *args, **kwargs)
+
+    def patched_clip(*args, **kwargs):
+        count("clip_grad_norm_")
+        return clip(*args, **kwargs)
+
+    monkeypatch.setattr(th.optim.Adam, "step", patched_step)
+    monkeypatch.setattr(th.nn.utils, "clip_grad_norm_", patched_clip)
+    handle = register_optimizer_step_post_hook(lambda *_: count("global hook"))
+    try:
+        seen = []
+        for algorithm in (member.upstream, member.algorithm):
+            counts.clear()
+            model = algorithm(member.policy, member.make_env(), **member.tiny)
+            own = model.policy.optimizer.register_step_pre_hook(lambda *_: count("own hook"))
+            model.learn(2 * model.n_steps * model.n_envs)
+            own.remove()
+            seen.append(dict(counts))
+    finally:
+        handle.remove()
+    upstream, ext = seen
+    assert upstream["Adam.step"] > 1
+    assert ext == upstream
+    assert set(ext) == {"Adam.step", "clip_grad_norm_", "global hook", "own hook"}

@@ -690,3 +690,24 @@ def test_fast_mode_acts_with_torch_where_numpy_cannot_or_must_not():
         ArrayPlan.step = original
     with th.no_grad(), policy.acting(), pytest.raises(ValueError, match="non-finite log-probability"):
         policy(th.full((2, 3), float("nan")))
+
+
+def test_a_direct_policy_call_with_gradients_is_silent_as_upstreams(family):
+    """``model.policy(obs)`` with autograd on (a user's own loop) warns no more than the upstream policy's call."""
+    import warnings
+
+    for algorithm in (family.upstream, family.algorithm):
+        tiny = dict(family.tiny)
+        if algorithm is RecurrentPPOExt:  # its squashed head warns outside its collection on purpose (SquashedActionsWarning)
+            tiny["policy_kwargs"] = {**tiny["policy_kwargs"], "squash_output": False}
+        model = algorithm(family.policy, family.make_env(), **tiny)
+        obs, _ = model.policy.obs_to_tensor(model.observation_space.sample())
+        kwargs = {}
+        if family.name == "recurrent":
+            states = model._last_lstm_states
+            kwargs = dict(lstm_states=states, episode_starts=th.ones(1))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            actions, values, log_prob, *_ = model.policy(obs, **kwargs)
+            (values.sum() + log_prob.sum()).backward()
+        assert [str(w.message) for w in caught] == [], algorithm.__name__
