@@ -708,6 +708,6 @@ def test_a_direct_policy_call_with_gradients_is_silent_as_upstreams(family):
             kwargs = dict(lstm_states=states, episode_starts=th.ones(1))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            actions, values, log_prob, *_ = model.policy(obs, **kwargs)
+            _, values, log_prob, *_ = model.policy(obs, **kwargs)
             (values.sum() + log_prob.sum()).backward()
         assert [str(w.message) for w in caught] == [], algorithm.__name__

@@ -11,7 +11,6 @@ import throughput  # scripts/throughput.py (scripts/ is on the tests' sys.path)
 import torch as th
 from stable_baselines3.common.vec_env import VecNormalize
 
-
 # The bit-for-bit variant of each family (the first variant is the upstream class).
 BIT_FOR_BIT = {"ppo": "PPOExt, squash off", "maskable": "MaskablePPOExt", "recurrent": "RecurrentPPOExt, squash off"}
 
