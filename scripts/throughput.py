@@ -179,6 +179,14 @@ WORKLOADS: dict[str, tuple[str, str, int, bool, dict]] = {
             policy_kwargs=dict(log_std_init=-3.29, ortho_init=False),
         ),
     ),
+    # Batched: 64 envs stepped in one call, large minibatches (the shape of the time-to-score runs).
+    "hopper-batched": (
+        "ppo",
+        "Hopper-v5",
+        64,
+        True,
+        dict(n_steps=64, batch_size=4096, n_epochs=10, policy_kwargs=dict(_ZOO_MUJOCO, log_std_init=-0.5)),
+    ),
     "masked": ("maskable", "InvalidActionEnvDiscrete", 4, False, dict(HYPERPARAMS)),
     "recurrent": (
         "recurrent",
