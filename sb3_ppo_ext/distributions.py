@@ -407,27 +407,6 @@ class BetaDistribution(Distribution):
         return actions, self.log_prob(actions)
 
 
-class unchecked_distributions:
-    """
-    Torch distributions created while the context is open skip argument validation, for their whole
-    life (``log_prob`` included): the same values, without the checks' tensor operations and host syncs.
-
-    The update runs inside it: its inputs are the rollout's, and a non-finite loss or gradient is
-    caught before it reaches the parameters. The switch is torch's process-wide default
-    (``Distribution.set_default_validate_args``), restored on exit. A class rather than a
-    ``contextlib`` generator: it is entered on every rollout step.
-    """
-
-    __slots__ = ("_previous",)
-
-    def __enter__(self) -> None:
-        self._previous = th.distributions.Distribution._validate_args  # torch has no public getter
-        th.distributions.Distribution.set_default_validate_args(False)
-
-    def __exit__(self, *exc_info: object) -> None:
-        th.distributions.Distribution.set_default_validate_args(self._previous)
-
-
 def torch_distributions(dist: Distribution) -> list[th.distributions.Distribution]:
     """
     The torch distribution(s) behind an SB3 distribution, with the batch as first dimension.

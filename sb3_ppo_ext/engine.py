@@ -49,7 +49,6 @@ from sb3_ppo_ext.distributions import (
     index_distribution,
     mean_std,
     torch_distributions,
-    unchecked_distributions,
 )
 from sb3_ppo_ext.files import LOADING, Loading
 from sb3_ppo_ext.reliability import ModelFileError
@@ -678,14 +677,8 @@ class ExtUpdateEngine:
         Update policy using the currently gathered rollout buffer.
 
         Written out rather than extending the upstream ``train``, which has no hook for extra loss
-        terms or per-minibatch statistics; the steps and their order follow upstream's. The
-        distributions it builds skip torch's argument validation (:func:`~sb3_ppo_ext.distributions.unchecked_distributions`).
+        terms or per-minibatch statistics; the steps and their order follow upstream's.
         """
-        with unchecked_distributions():
-            self._train()
-
-    def _train(self) -> None:
-        """The update of :meth:`train`."""
         # pi_old as collected (eval mode) rides in the buffer; without it, it is recomputed before the
         # update: on the whole rollout (for the update's KL) and, for the penalty, by a frozen copy of the policy.
         carried = self._carries_pi_old()

@@ -44,7 +44,6 @@ from sb3_ppo_ext.distributions import (
     log_tanh_jacobian_sum,
     rescale_tanh64,
     squashed_log_prob,
-    unchecked_distributions,
 )
 from sb3_ppo_ext.parameters import ALGORITHM_RULES, check_policy_kwargs
 from sb3_ppo_ext.validation import (
@@ -493,8 +492,7 @@ class CheckedForward:
         output = self._direct_forward(*args, **kwargs)
         if output is None:
             self.__dict__["action_parameters"] = None
-            with unchecked_distributions():
-                output = super().forward(*args, **kwargs)  # type: ignore[misc]
+            output = super().forward(*args, **kwargs)  # type: ignore[misc]
         # NaN and inf survive a sum (a few log-probabilities cannot overflow it): one tensor op and one host read,
         # unless the step checked its own (the fast mode's, in NumPy).
         log_prob = output[2]

@@ -337,24 +337,13 @@ def test_detach_distributions_copies_parameters_without_their_graph():
     assert th.equal(detached[0].loc, dists[0].loc) and th.equal(detached[1].logits, dists[1].logits)
 
 
-def test_unchecked_distributions_skip_torchs_checks_and_restore_the_default():
-    from sb3_ppo_ext.distributions import unchecked_distributions
-
-    assert th.distributions.Distribution._validate_args is True
-    with pytest.raises(ValueError, match="scale"):
-        Normal(th.zeros(2), -th.ones(2))
-    with pytest.raises(RuntimeError, match="inside"), unchecked_distributions():
-        unchecked = Normal(th.zeros(2), -th.ones(2))  # not checked, for its whole life
-        unchecked.log_prob(th.zeros(2))
-        raise RuntimeError("inside")
-    assert th.distributions.Distribution._validate_args is True
-    th.distributions.Distribution.set_default_validate_args(False)
-    try:
-        with unchecked_distributions():
-            pass
-        assert th.distributions.Distribution._validate_args is False  # a user's own default is kept
-    finally:
-        th.distributions.Distribution.set_default_validate_args(True)
+def test_training_leaves_torchs_process_wide_validation_default_alone(family, monkeypatch):
+    """No process-global switch on the hot path: collection and update never change torch's validation default."""
+    calls = []
+    monkeypatch.setattr(th.distributions.Distribution, "set_default_validate_args", staticmethod(calls.append))
+    model = family.model(n_envs=2)
+    model.learn(2 * model.n_steps * model.n_envs)
+    assert model._n_updates > 0 and calls == []
 
 
 def test_categorical_kl_stays_finite_where_torch_gives_inf():
