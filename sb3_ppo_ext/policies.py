@@ -604,7 +604,8 @@ class NetworkLearningRates:
 
     def set_learning_rates(self, progress_remaining: float) -> dict[str, float]:
         """
-        Set each parameter group of the optimizer from its own schedule of ``learning_rates``.
+        Set the actor's and the critic's parameter groups from their own schedules of ``learning_rates``
+        (other groups, added by the user, are left as they are).
 
         :param progress_remaining: training progress remaining (1 to 0), as SB3 computes it
         :return: ``{"pi": rate, "vf": rate}`` as set
@@ -614,7 +615,8 @@ class NetworkLearningRates:
             raise ValueError(f"{type(self).__name__} has no learning_rates: its optimizer has one group")
         rates = {network: float(schedule(progress_remaining)) for network, schedule in self.learning_rate_schedules.items()}
         for group in self.optimizer.param_groups:
-            group["lr"] = rates[group["network"]]
+            if group.get("network") in rates:
+                group["lr"] = rates[group["network"]]
         return rates
 
     def replace_learning_rates(self, learning_rates: Mapping[str, Any]) -> None:
