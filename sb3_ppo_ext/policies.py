@@ -73,8 +73,8 @@ def _check_squashable_bounds(action_space: spaces.Space, action_dist: str = "gau
     if not (np.isfinite(low).all() and np.isfinite(high).all()):
         setting = "action_dist='beta'" if action_dist == "beta" else "squash_output=True"
         raise InvalidSettingError(
-            f"{setting} needs finite action bounds, got low={action_space.low} high={action_space.high}; "
-            "use policy_kwargs=dict(squash_output=False) (Gaussian plus clipping) for unbounded actions"
+            f"{setting} needs finite action bounds, got low={action_space.low} high={action_space.high}; for unbounded "
+            "actions use policy_kwargs=dict(action_dist='gaussian', squash_output=False) (Gaussian plus clipping)"
         )
 
 
