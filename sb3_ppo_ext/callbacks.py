@@ -137,10 +137,10 @@ class KLAdaptiveLR(_AfterUpdateCallback):
 
     With per-network rates (``policy_kwargs["learning_rates"]``) the callback adapts both
     proportionally: it adapts the actor's rate (``pi``, within ``[min_lr, max_lr]``) and sets the
-    critic's (``vf``) to it times their ratio when the callback started, replacing both schedules
-    by constants (``policy.replace_learning_rates``, and ``model.policy_kwargs`` so that ``save`` /
-    ``load`` keep them); ``train()`` applies and records them as ``train/learning_rate_pi`` and
-    ``train/learning_rate_vf``.
+    critic's (``vf``) to it times the ratio of their schedules' initial values (at progress 1, where
+    every rate is positive), replacing both schedules by constants (``policy.replace_learning_rates``,
+    and ``model.policy_kwargs`` so that ``save`` / ``load`` keep them); ``train()`` applies and records
+    them as ``train/learning_rate_pi`` and ``train/learning_rate_vf``.
 
     :param target_kl: Target KL per update, > 0
     :param kl_factor: Tolerance band: the rate changes only when the KL leaves
@@ -184,9 +184,9 @@ class KLAdaptiveLR(_AfterUpdateCallback):
         if schedules is None:
             current = float(self.model.lr_schedule(progress))
             self._vf_ratio = None
-        else:  # per-network rates: the callback adapts the actor's, the critic's keeps its ratio to it
+        else:  # per-network rates: the callback adapts the actor's, the critic's keeps its initial ratio to it
             current = float(schedules["pi"](progress))
-            self._vf_ratio = float(schedules["vf"](progress)) / current
+            self._vf_ratio = float(schedules["vf"](1.0)) / float(schedules["pi"](1.0))
         self._set_learning_rate(min(max(current, self.min_lr), self.max_lr))
 
     def _set_learning_rate(self, learning_rate: float) -> None:
@@ -245,7 +245,9 @@ class ParameterScheduler(BaseCallback):
     schedules (``clip_range``, ``clip_range_vf``, or any currently callable one) receive constant
     schedules; ``n_epochs`` and ``batch_size`` are rounded, and so is any value that is a whole
     number for an attribute that holds an int (otherwise it becomes a float); ``learning_rate`` sets ``model.learning_rate``,
-    ``model.lr_schedule`` and the optimizer (do not combine it with :class:`KLAdaptiveLR`).
+    ``model.lr_schedule`` and the optimizer (do not combine it with :class:`KLAdaptiveLR`); with
+    per-network rates (``policy_kwargs["learning_rates"]``) it is an error at the start of training, as
+    the optimizer then follows those rates (give each its own schedule there).
     ``kl_coef`` schedules a fixed beta (each update uses the scheduled value, see
     ``ExtUpdateEngine._live_kl_coef``); with ``kl_target`` set it is an error at the start of
     training, as ``kl_coef`` is then only the adaptive beta's initial value.
@@ -282,6 +284,13 @@ class ParameterScheduler(BaseCallback):
     def _init_callback(self) -> None:
         for name in self.schedules:
             if name == "learning_rate":
+                rates = getattr(self.model.policy, "learning_rates", None)
+                if rates is not None:
+                    raise InvalidSettingError(
+                        f"schedules['learning_rate'] is invalid with policy_kwargs.learning_rates={rates!r}: the optimizer "
+                        "follows the actor's and the critic's own rates, not learning_rate; give each its schedule there "
+                        "(e.g. {'pi': 'lin_3e-4', 'vf': 'lin_1e-3'})"
+                    )
                 continue
             if not hasattr(self.model, name):
                 raise ValueError(

@@ -543,13 +543,14 @@ class ExtUpdateEngine:
 
     def _update_learning_rates(self) -> None:
         """
-        Upstream's ``_update_learning_rate`` (every parameter group at ``lr_schedule``, logged as
-        ``train/learning_rate``), or, for a policy with per-network rates (``policy_kwargs["learning_rates"]``),
-        each group at its own schedule (``policy.set_learning_rates``), logged as ``train/learning_rate_pi``
-        and ``train/learning_rate_vf``, with ``train/learning_rate`` the actor's rate.
+        Upstream's ``_update_learning_rate``: every parameter group at ``lr_schedule``, logged as
+        ``train/learning_rate``. For a policy with per-network rates (``policy_kwargs["learning_rates"]``),
+        the actor's and the critic's groups then follow their own schedules (``policy.set_learning_rates``),
+        logged as ``train/learning_rate_pi`` and ``train/learning_rate_vf``, with ``train/learning_rate``
+        the actor's rate; a group added by the user keeps ``lr_schedule``, as upstream.
         """
+        self._update_learning_rate(self.policy.optimizer)  # type: ignore[attr-defined]
         if getattr(self.policy, "learning_rate_schedules", None) is None:
-            self._update_learning_rate(self.policy.optimizer)  # type: ignore[attr-defined]
             return
         rates = self.policy.set_learning_rates(self._current_progress_remaining)
         self.logger.record("train/learning_rate", rates["pi"])

@@ -72,8 +72,8 @@ def _check_squashable_bounds(action_space: spaces.Space, action_dist: str = "gau
     if not (np.isfinite(low).all() and np.isfinite(high).all()):
         setting = "action_dist='beta'" if action_dist == "beta" else "squash_output=True"
         raise InvalidSettingError(
-            f"{setting} needs finite action bounds, got low={action_space.low} high={action_space.high}; "
-            "use policy_kwargs=dict(squash_output=False) (Gaussian plus clipping) for unbounded actions"
+            f"{setting} needs finite action bounds, got low={action_space.low} high={action_space.high}; for unbounded "
+            "actions use policy_kwargs=dict(action_dist='gaussian', squash_output=False) (Gaussian plus clipping)"
         )
 
 
@@ -602,7 +602,8 @@ class NetworkLearningRates:
 
     def set_learning_rates(self, progress_remaining: float) -> dict[str, float]:
         """
-        Set each parameter group of the optimizer from its own schedule of ``learning_rates``.
+        Set the actor's and the critic's parameter groups from their own schedules of ``learning_rates``
+        (other groups, added by the user, are left as they are).
 
         :param progress_remaining: training progress remaining (1 to 0), as SB3 computes it
         :return: ``{"pi": rate, "vf": rate}`` as set
@@ -612,7 +613,8 @@ class NetworkLearningRates:
             raise ValueError(f"{type(self).__name__} has no learning_rates: its optimizer has one group")
         rates = {network: float(schedule(progress_remaining)) for network, schedule in self.learning_rate_schedules.items()}
         for group in self.optimizer.param_groups:
-            group["lr"] = rates[group["network"]]
+            if group.get("network") in rates:
+                group["lr"] = rates[group["network"]]
         return rates
 
     def replace_learning_rates(self, learning_rates: Mapping[str, Any]) -> None:

@@ -221,8 +221,11 @@ def test_beta_needs_finite_bounds_and_a_box():
     # SB3's algorithms assert finite bounds first; the policy says it too, for a policy built directly.
     unbounded = spaces.Box(-np.inf, np.inf, (2,), np.float32)
     observations = spaces.Box(-1.0, 1.0, (3,), np.float32)
-    with pytest.raises(InvalidSettingError, match=r"action_dist='beta' needs finite action bounds"):
+    with pytest.raises(InvalidSettingError, match=r"action_dist='beta' needs finite action bounds") as error:
         PPOExtActorCriticPolicy(observations, unbounded, FloatSchedule(1e-3), action_dist="beta")
+    # The advice is a setting that works there (squash_output=False alone is refused with the Beta head).
+    assert "actions use policy_kwargs=dict(action_dist='gaussian', squash_output=False)" in str(error.value)
+    PPOExtActorCriticPolicy(observations, unbounded, FloatSchedule(1e-3), action_dist="gaussian", squash_output=False)
     with pytest.raises(InvalidSettingError, match=r"action_dist='beta' needs a Box action space"):
         PPOExt("MlpPolicy", "CartPole-v1", policy_kwargs=BETA, **TINY)
 

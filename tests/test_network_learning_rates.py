@@ -1,4 +1,4 @@
-"""Per-network learning rates (policy_kwargs learning_rates): groups, schedules, errors, save/load, KLAdaptiveLR."""
+"""Per-network learning rates (policy_kwargs learning_rates): groups, schedules, errors, save/load, callbacks, user groups."""
 
 import numpy as np
 import pytest
@@ -6,13 +6,14 @@ import torch as th
 from gymnasium import spaces
 from helpers import TINY
 from sb3_contrib.common.envs import InvalidActionEnvDiscrete
+from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import configure
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from torch import nn
 
 from sb3_ppo_ext import MaskablePPOExt, PPOExt, RecurrentPPOExt
-from sb3_ppo_ext.callbacks import KLAdaptiveLR
+from sb3_ppo_ext.callbacks import KLAdaptiveLR, ParameterScheduler
 from sb3_ppo_ext.validation import InvalidSettingError
 
 
@@ -169,3 +170,64 @@ def test_kl_adaptive_lr_adapts_both_groups_proportionally_and_save_load_keeps_th
     assert loaded.policy.learning_rates == pytest.approx({"pi": 8e-4, "vf": 4e-3})
     quiet(loaded).learn(32, reset_num_timesteps=False)
     assert loaded.logger.name_to_value["train/learning_rate_vf"] == pytest.approx(4e-3)
+
+
+@pytest.mark.parametrize("route", ["continued", "reset_num_timesteps", "loaded"])
+def test_kl_adaptive_lr_after_a_finished_learn_keeps_the_ratio_of_the_schedules(tmp_path, route):
+    """A finished learn leaves progress 0, where 'lin_<x>' rates are 0: the ratio is the schedules' at progress 1."""
+    model = quiet(
+        PPOExt(
+            "MlpPolicy",
+            "Pendulum-v1",
+            policy_kwargs=dict(net_arch=[16], learning_rates={"pi": "lin_1e-3", "vf": "lin_4e-3"}),
+            **TINY,
+        )
+    )
+    model.learn(64)
+    if route == "loaded":
+        model.save(tmp_path / "m")
+        model = quiet(PPOExt.load(tmp_path / "m", env=model.get_env()))
+    assert model._current_progress_remaining == 0.0
+    callback = KLAdaptiveLR(target_kl=1.0, lr_factor=2.0, min_lr=1e-4)  # starts at min_lr (the rate at progress 0 is 0)
+    model.learn(64, callback=callback, reset_num_timesteps=route == "reset_num_timesteps")
+    groups = groups_of(model)
+    assert callback.learning_rate == pytest.approx(4e-4) and groups["pi"]["lr"] == pytest.approx(4e-4)
+    assert groups["vf"]["lr"] == pytest.approx(4 * groups["pi"]["lr"])
+    assert model.logger.name_to_value["train/learning_rate_vf"] == pytest.approx(8e-4)  # applied by the last update
+
+
+def test_parameter_scheduler_refuses_learning_rate_with_per_network_rates():
+    """The optimizer follows learning_rates: a scheduled learning_rate would be logged but never used."""
+    rates = {"pi": 1e-3, "vf": 2e-3}
+    model = quiet(PPOExt("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(net_arch=[16], learning_rates=rates), **TINY))
+    scheduler = ParameterScheduler({"learning_rate": {"kind": "constant", "value": 5e-2}})
+    with pytest.raises(
+        InvalidSettingError,
+        match=r"schedules\['learning_rate'\] is invalid with policy_kwargs\.learning_rates=.*give each its schedule",
+    ):
+        model.learn(64, callback=scheduler)
+    assert model.num_timesteps == 0 and {n: g["lr"] for n, g in groups_of(model).items()} == rates
+
+
+def test_a_group_added_by_the_user_trains_at_lr_schedule_as_under_stock_ppo():
+    """Stock PPO sets every group from lr_schedule; with learning_rates, a group without "network" keeps that rule."""
+
+    def trained(algorithm, **policy_kwargs):
+        model = quiet(
+            algorithm(
+                "MlpPolicy", "Pendulum-v1", learning_rate=5e-4, policy_kwargs=dict(net_arch=[16], **policy_kwargs), **TINY
+            )
+        )
+        optimizer, log_std = model.policy.optimizer, model.policy.log_std
+        for group in optimizer.param_groups:  # log_std to a group of its own, at a rate of the user's
+            group["params"] = [p for p in group["params"] if p is not log_std]
+        optimizer.add_param_group({"params": [log_std], "lr": 1e-2})
+        before = log_std.detach().clone()
+        model.learn(64)
+        assert not th.equal(log_std, before)  # it trains
+        return model.policy.optimizer.param_groups
+
+    stock = trained(PPO)
+    ours = trained(PPOExt, squash_output=False, learning_rates={"pi": 1e-3, "vf": 2e-3})
+    assert stock[-1]["lr"] == ours[-1]["lr"] == 5e-4
+    assert [(g.get("network"), g["lr"]) for g in ours[:-1]] == [("pi", 1e-3), ("vf", 2e-3)]
