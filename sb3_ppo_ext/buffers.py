@@ -1,32 +1,23 @@
 """Rollout buffers that carry ``pi_old``: the distribution each step's action was sampled from.
 
-The KL penalty and the update's KL diagnostics compare the policy with ``pi_old``, the policy that
-collected the rollout. These buffers store its distribution parameters (a Gaussian's ``loc`` and
-``scale``, a Beta's concentrations, categorical or Bernoulli logits) beside each step's
-``log_prob`` and return them with every minibatch, as sb3-contrib's masked buffers return each
-sample's ``action_masks``: ``samples.old_distribution`` holds the parameters of the minibatch's rows
-(padded like every other field in a recurrent minibatch), :attr:`PiOldBuffer.distribution_kinds`
+The KL penalty compares the policy with ``pi_old``, the policy that collected the rollout. At the
+start of an update, before any parameter changes, the engine scores the whole rollout once (no
+gradients, eval mode, as during collection) and hands the distributions' parameters (a Gaussian's
+``loc`` and ``scale``, a Beta's concentrations, categorical or Bernoulli logits) to the buffer with
+:meth:`PiOldBuffer.set_old_distribution`. Each minibatch then carries its rows' parameters, as
+sb3-contrib's masked buffers return each sample's ``action_masks``: ``samples.old_distribution``
+(padded like every other field in a recurrent minibatch); :attr:`PiOldBuffer.distribution_kinds`
 says how to rebuild them (:func:`sb3_ppo_ext.distributions.distributions_from_parameters`).
 
 They are chosen through SB3's public seam, ``rollout_buffer_class`` (RecurrentPPO hard-codes its
 buffer: RecurrentPPOExt replaces it after upstream's ``_setup_model``), and behave exactly like the
 class they extend otherwise: the same minibatches in the same order from the same random draws,
 field for field.
-
-How a step's parameters arrive: while :meth:`PiOldBuffer.recording` is open (the algorithm's
-``collect_rollouts``), a forward hook of the policy (a public ``torch.nn.Module`` seam) offers the
-distribution of each ``policy(obs)`` call; :meth:`PiOldBuffer.add` files it under the step it adds
-when the ``log_prob`` it stores is the very tensor that forward returned. A forward call of anyone
-else in between (a callback's) is never mistaken for the rollout's; a step added without its
-distribution (a policy without SB3's ``action_dist``, a rollout collected otherwise) leaves the
-rollout incomplete (:attr:`PiOldBuffer.carries_pi_old` is false) and the update recomputes
-``pi_old`` instead.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -42,8 +33,6 @@ from sb3_contrib.common.recurrent.type_aliases import RecurrentDictRolloutBuffer
 from stable_baselines3.common.buffers import DictRolloutBuffer, RolloutBuffer
 from stable_baselines3.common.type_aliases import DictRolloutBufferSamples, RolloutBufferSamples
 from stable_baselines3.common.vec_env import VecNormalize
-
-from sb3_ppo_ext.distributions import distribution_parameters, torch_distributions
 
 
 def _with_old_distribution(samples_class: type) -> type:
@@ -79,108 +68,32 @@ class PiOldBuffer:
     device: th.device
 
     samples_class: type = PiOldRolloutBufferSamples
-    # The policy whose ``action_parameters`` add() reads, while recording() is open for it (reset() keeps it).
-    _acting_policy: Any = None
 
     def reset(self) -> None:
         super().reset()  # type: ignore[misc]
         self.distribution_kinds: tuple[str, ...] | None = None
         self.old_distribution: list[np.ndarray] = []
-        self._filed = np.zeros(self.buffer_size, dtype=bool)
-        self._offered: tuple[th.Tensor, tuple[th.Tensor, ...]] | None = None
-        self._complete = True
         self._tensors: dict[str, Any] | None = None
 
-    @contextlib.contextmanager
-    def recording(self, policy: th.nn.Module) -> Iterator[None]:
+    def set_old_distribution(self, kinds: tuple[str, ...], tensors: tuple[th.Tensor, ...]) -> None:
         """
-        Record the distribution of every step added while the context is open from ``policy``'s
-        forward calls.
+        ``pi_old`` for every row of the (flattened) rollout, returned with each minibatch from now on.
 
-        A policy of this package whose head steps without distribution objects (``policy.direct_head()``)
-        leaves each step's parameters in ``policy.action_parameters``, read by :meth:`add`. For any other
-        policy a forward hook (removed on exit) reads SB3's ``action_dist`` right after each forward call,
-        before a callback's ``predict`` could rebuild it.
-
-        :param policy: the policy that collects the rollout
+        :param kinds: the distributions' kinds (:func:`sb3_ppo_ext.distributions.distribution_parameters`)
+        :param tensors: their parameters, one row per rollout row in the flattened row order
         """
-        direct_head = getattr(policy, "direct_head", None)
-        if direct_head is not None and direct_head() is not None:
-            self._acting_policy = policy
-            try:
-                yield
-            finally:
-                self._acting_policy = None
-            return
-
-        def offer(module: th.nn.Module, args: Any, output: Any) -> None:
-            self._offered = None
-            if not (isinstance(output, tuple) and len(output) >= 3 and isinstance(output[2], th.Tensor)):
-                return
-            acted = getattr(module, "action_parameters", None)  # a step sampled without distribution objects
-            if acted is not None and acted[0] is output[2]:
-                kinds, tensors = acted[1], acted[2]
-            else:
-                try:
-                    kinds, tensors = distribution_parameters(torch_distributions(module.action_dist))  # type: ignore[arg-type]
-                except (AttributeError, NotImplementedError):
-                    return
-            self._offer(output[2], kinds, tensors if not th.is_grad_enabled() else tuple(t.detach() for t in tensors))
-
-        handle = policy.register_forward_hook(offer)
-        try:
-            yield
-        finally:
-            handle.remove()
-            self._offered = None
-
-    def _offer(self, log_prob: th.Tensor, kinds: tuple[str, ...], tensors: tuple[th.Tensor, ...]) -> None:
-        """File ``tensors`` (a distribution of ``kinds``) as the parameters of the step with log-probability ``log_prob``."""
-        self._offered = (log_prob, tensors)
-        if self.distribution_kinds is None:
-            self.distribution_kinds = kinds
-        elif kinds != self.distribution_kinds:
-            self._complete = False
-
-    def add(
-        self, obs: Any, action: Any, reward: Any, episode_start: Any, value: th.Tensor, log_prob: th.Tensor, **kwargs: Any
-    ) -> None:
-        """Upstream's ``add``; with the distribution of the forward call that returned ``log_prob`` filed under this step."""
-        policy = self._acting_policy
-        if policy is not None:
-            acted = policy.action_parameters
-            if acted is not None:
-                self._offer(acted[0], acted[1], acted[2])
-        pos, offered = self.pos, self._offered
-        self._offered = None
-        super().add(obs, action, reward, episode_start, value, log_prob, **kwargs)  # type: ignore[misc]
-        if offered is None or offered[0] is not log_prob:
-            self._complete = False
-            return
-        tensors = offered[1]
-        if not self.old_distribution:
-            self.old_distribution = [
-                np.zeros((self.buffer_size, self.n_envs, *t.shape[1:]), dtype=_numpy_dtype(t)) for t in tensors
-            ]
-        if len(tensors) != len(self.old_distribution) or any(
-            t.shape != (self.n_envs, *a.shape[2:]) for t, a in zip(tensors, self.old_distribution, strict=True)
-        ):
-            self._complete = False
-            return
-        for array, tensor in zip(self.old_distribution, tensors, strict=True):
-            array[pos] = tensor.cpu().numpy()
-        self._filed[pos] = True
+        n_rows = self.buffer_size * self.n_envs
+        if any(len(tensor) != n_rows for tensor in tensors):
+            raise ValueError(f"pi_old needs one row per rollout row ({n_rows}), got {[len(t) for t in tensors]}")
+        self.distribution_kinds = kinds
+        self.old_distribution = [tensor.detach().cpu().numpy() for tensor in tensors]
+        if self._tensors is not None:
+            self._tensors.pop("old_distribution", None)
 
     @property
     def carries_pi_old(self) -> bool:
-        """Whether every step of the (full) rollout was added with the distribution it was sampled from."""
-        return bool(self.full and self._complete and self.distribution_kinds is not None and self._filed.all())
-
-    def get(self, batch_size: int | None = None) -> Generator[Any, None, None]:
-        """Upstream's ``get``, with the stored distribution parameters flattened like the rest of the rollout."""
-        if not self.generator_ready:
-            self.old_distribution = [self.swap_and_flatten(array) for array in self.old_distribution]  # type: ignore[attr-defined]
-        yield from super().get(batch_size)  # type: ignore[misc]
+        """Whether :meth:`set_old_distribution` gave ``pi_old`` for this rollout."""
+        return self.distribution_kinds is not None
 
     def _old_distribution_of(self, batch_inds: np.ndarray) -> tuple[th.Tensor, ...] | None:
         if not self.carries_pi_old:
@@ -208,9 +121,9 @@ class PiOldBuffer:
         if self._tensors is None:
             fields = self._tensor_fields()
             assert fields is not None
-            if self.carries_pi_old:
-                fields["old_distribution"] = tuple(self.old_distribution)
             self._tensors = {name: _to_torch(self, value) for name, value in fields.items()}
+        if self.carries_pi_old and "old_distribution" not in self._tensors:
+            self._tensors["old_distribution"] = _to_torch(self, tuple(self.old_distribution))
         rows = th.as_tensor(batch_inds, device=self.device)
         picked = {name: _index(value, rows) for name, value in self._tensors.items()}
         picked.setdefault("old_distribution", None)
@@ -271,10 +184,6 @@ def _rollout_fields(buffer: Any, actions: np.ndarray) -> dict[str, Any]:
         "advantages": buffer.advantages.flatten(),
         "returns": buffer.returns.flatten(),
     }
-
-
-def _numpy_dtype(tensor: th.Tensor) -> np.dtype:
-    return th.empty((), dtype=tensor.dtype).numpy().dtype
 
 
 class _SB3Fields:

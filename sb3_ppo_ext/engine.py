@@ -16,18 +16,16 @@ What differs per algorithm is three named seams, each a method the algorithm ove
 - :meth:`ExtUpdateEngine._samples_distribution`: a policy's action distribution on a minibatch
   (or on the whole rollout, after the update: ``pi_new`` for the update's KL, beta and diagnostics).
 
-``pi_old``, the distribution each action was sampled from, rides in the rollout buffer
-(:mod:`sb3_ppo_ext.buffers`, chosen through ``rollout_buffer_class``): every minibatch carries its
-rows' parameters, so the KL penalty never needs to know which rollout rows a minibatch holds. With a
-buffer class of the user's own (or a rollout collected without the distributions), ``pi_old`` is
-recomputed: on the whole rollout before the update, and on each minibatch by a frozen copy of the
-policy as it was before the update.
+``pi_old``, the distribution each action was sampled from, is the policy before the update: at the
+start of ``train`` one pass without gradients scores the whole rollout (the update's KL is measured
+against it) and, for the KL penalty, hands its parameters to the rollout buffer
+(:mod:`sb3_ppo_ext.buffers`, chosen through ``rollout_buffer_class``), so that every minibatch
+carries its rows' ``pi_old``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import warnings
 from collections.abc import Generator, Iterator
@@ -45,12 +43,14 @@ from sb3_ppo_ext.buffers import PI_OLD_BUFFERS, PiOldBuffer
 from sb3_ppo_ext.distributions import (
     analytic_kl,
     concat_distributions,
+    distribution_parameters,
     distributions_from_parameters,
     index_distribution,
     mean_std,
     torch_distributions,
 )
 from sb3_ppo_ext.files import LOADING, Loading
+from sb3_ppo_ext.optim import OptimizerStep
 from sb3_ppo_ext.reliability import ModelFileError
 
 # Threshold on |a| (in [-1, 1] units) above which a squashed action component counts as saturated.
@@ -418,8 +418,8 @@ class ExtUpdateEngine:
         ``rollout_buffer_class`` as ``_setup_model`` uses it: where it is ``None`` (upstream's choice by
         the observation space) or one of upstream's own buffer classes, the subclass of that class that
         carries ``pi_old`` (:data:`sb3_ppo_ext.buffers.PI_OLD_BUFFERS`: the same rollout and minibatches,
-        plus each sample's ``old_distribution``). A class of the user's own is kept: the update then
-        recomputes ``pi_old``.
+        plus each sample's ``old_distribution``). A class of the user's own is kept; the KL penalty then
+        needs it to be a :class:`~sb3_ppo_ext.buffers.PiOldBuffer` (:meth:`_check_pi_old_buffer`).
         """
         if self._pi_old_buffer_classes is None:
             return
@@ -428,19 +428,24 @@ class ExtUpdateEngine:
             plain, dict_buffer = self._pi_old_buffer_classes
             chosen = dict_buffer if isinstance(self.observation_space, spaces.Dict) else plain
         self.rollout_buffer_class = PI_OLD_BUFFERS.get(chosen, chosen)
+        self._check_pi_old_buffer(self.rollout_buffer_class)
+
+    def _check_pi_old_buffer(self, buffer_class: type) -> None:
+        """An ``InvalidSettingError`` for a buffer class that cannot carry ``pi_old`` to the KL penalty's minibatches."""
+        if self.kl_coef > 0 and not issubclass(buffer_class, PiOldBuffer):
+            raise validation.InvalidSettingError(
+                f"rollout_buffer_class={buffer_class.__name__} cannot carry pi_old, which the KL penalty "
+                f"(kl_coef={self.kl_coef!r}) needs: expected one of upstream's buffer classes (replaced by the package's "
+                "subclass) or a subclass of one of sb3_ppo_ext.buffers' PiOld buffers, or kl_coef=0"
+            )
 
     def collect_rollouts(self, *args: Any, **kwargs: Any) -> bool:
         """
-        The algorithm's collection (:meth:`_collect_rollouts`); a buffer of :mod:`sb3_ppo_ext.buffers`
-        records each step's ``pi_old`` from the policy's forward calls meanwhile, and a policy of this
-        package acts on its :class:`~sb3_ppo_ext.policies.ActingPlan` (``policy.acting()``).
+        The algorithm's collection (:meth:`_collect_rollouts`); a policy of this package acts on its
+        :class:`~sb3_ppo_ext.policies.ActingPlan` meanwhile (``policy.acting()``).
         """
-        buffer, acting = self.rollout_buffer, getattr(self.policy, "acting", None)
-        with contextlib.ExitStack() as stack:
-            if acting is not None:
-                stack.enter_context(acting())
-            if isinstance(buffer, PiOldBuffer):
-                stack.enter_context(buffer.recording(self.policy))
+        acting = getattr(self.policy, "acting", None)
+        with acting() if acting is not None else contextlib.nullcontext():
             return self._collect_rollouts(*args, **kwargs)
 
     def _collect_rollouts(self, *args: Any, **kwargs: Any) -> bool:
@@ -489,33 +494,21 @@ class ExtUpdateEngine:
         """``policy``'s (SB3) action distribution on the samples (of a minibatch, or of the whole rollout)."""
         return policy.get_distribution(samples.observations)
 
-    def _rollout_distributions(
-        self, with_old: bool = False
-    ) -> tuple[list[th.distributions.Distribution], list[th.distributions.Distribution] | None]:
+    def _rollout_distributions(self) -> list[th.distributions.Distribution]:
         """
         The policy's (detached) action distributions on every valid rollout sample, in eval mode, in the
-        buffer's flattened row order, and with ``with_old`` the ``pi_old`` the buffer carries for them.
-
-        :param with_old: whether to return the carried ``pi_old`` too (the buffer must carry it)
-        :return: ``(policy's distributions, pi_old or None)``
+        buffer's flattened row order: ``pi_old`` before the update, ``pi_new`` after it.
         """
         buffer = self.rollout_buffer
         if not isinstance(buffer, PiOldBuffer):
-            return self._flat_rollout_distributions(), None
+            return self._flat_rollout_distributions()
         self.policy.set_training_mode(False)
-        new_parts, old_parts = [], []
+        parts = []
         with th.no_grad():
             for samples in buffer.rollout_samples(DISTRIBUTION_CHUNK):
                 valid = self._valid_samples(samples)
-                new_parts.append(_valid_rows(torch_distributions(self._samples_distribution(self.policy, samples)), valid))
-                if with_old:
-                    old_parts.append(self._carried_distributions(samples, valid))
-        return _joined(new_parts), _joined(old_parts) if with_old else None
-
-    def _carried_distributions(self, samples: Any, valid: th.Tensor | None) -> list[th.distributions.Distribution]:
-        """``pi_old`` on the valid samples, from the parameters the samples carry."""
-        kinds = self.rollout_buffer.distribution_kinds
-        return _valid_rows(distributions_from_parameters(kinds, samples.old_distribution), valid)
+                parts.append(_valid_rows(torch_distributions(self._samples_distribution(self.policy, samples)), valid))
+        return _joined(parts)
 
     def _flat_rollout_distributions(self) -> list[th.distributions.Distribution]:
         """
@@ -653,25 +646,16 @@ class ExtUpdateEngine:
         terms["loss"] = loss
         return terms
 
-    def _minibatches(self, with_old: bool = False, frozen_policy: Any = None) -> Generator[Minibatch, None, None]:
+    def _minibatches(self, with_old: bool = False) -> Generator[Minibatch, None, None]:
         """
         One epoch's minibatches: the buffer's own ``get(batch_size)``, with their valid samples and,
-        with ``with_old``, ``pi_old`` on them: the parameters the samples carry or, with
-        ``frozen_policy`` (a copy of the policy from before the update), that policy's distributions.
+        with ``with_old``, ``pi_old`` on them (from the parameters the samples carry).
         """
+        kinds = self.rollout_buffer.distribution_kinds if with_old else None
         for samples in self.rollout_buffer.get(self.batch_size):
             valid = self._valid_samples(samples)
-            old = None
-            if with_old and frozen_policy is None:
-                old = self._carried_distributions(samples, valid)
-            elif with_old:
-                with th.no_grad():
-                    old = _valid_rows(torch_distributions(self._samples_distribution(frozen_policy, samples)), valid)
+            old = None if kinds is None else _valid_rows(distributions_from_parameters(kinds, samples.old_distribution), valid)
             yield Minibatch(samples, valid, old)
-
-    def _carries_pi_old(self) -> bool:
-        """Whether the rollout buffer carries ``pi_old`` for every sample of this rollout."""
-        return isinstance(self.rollout_buffer, PiOldBuffer) and self.rollout_buffer.carries_pi_old
 
     def train(self) -> None:
         """
@@ -680,10 +664,8 @@ class ExtUpdateEngine:
         Written out rather than extending the upstream ``train``, which has no hook for extra loss
         terms or per-minibatch statistics; the steps and their order follow upstream's.
         """
-        # pi_old as collected (eval mode) rides in the buffer; without it, it is recomputed before the
-        # update: on the whole rollout (for the update's KL) and, for the penalty, by a frozen copy of the policy.
-        carried = self._carries_pi_old()
-        old_distributions = None if carried else self._rollout_distributions()[0]
+        # pi_old: the policy as it collected the rollout (eval mode), on every sample, before any parameter changes
+        old_distributions = self._rollout_distributions()
         self.policy.set_training_mode(True)
         self._update_learning_rates()
         progress = self._current_progress_remaining
@@ -691,18 +673,19 @@ class ExtUpdateEngine:
         clip_range_vf = None if self.clip_range_vf is None else float(self.clip_range_vf(progress))
         # The beta rule: a fixed beta is kl_coef as it is now (ParameterScheduler may have set it).
         self.current_kl_coef = kl_coef = self._live_kl_coef(self._kl_state())
-        frozen_policy = None
-        if kl_coef > 0 and not carried:
-            frozen_policy = copy.deepcopy(self.policy)
-            frozen_policy.set_training_mode(False)
+        if kl_coef > 0:  # the penalty's pi_old rides in the minibatches
+            self._check_pi_old_buffer(type(self.rollout_buffer))
+            self.rollout_buffer.set_old_distribution(*distribution_parameters(old_distributions))
 
         stats = _UpdateStats()
         grad_norms: list[th.Tensor] = []
+        # upstream's zero_grad, clip_grad_norm_ and Adam step, bit for bit, with less work per call (sb3_ppo_ext.optim)
+        optimizer_step = OptimizerStep(self.policy.optimizer, list(self.policy.parameters()), self.max_grad_norm)
         continue_training = True
         epochs_completed = 0
         for epoch in range(self.n_epochs):
             # Closed explicitly (also after an early stop or an error): the buffer's generator is finished.
-            batches = self._minibatches(with_old=kl_coef > 0, frozen_policy=frozen_policy)
+            batches = self._minibatches(with_old=kl_coef > 0)
             try:
                 for batch in batches:
                     terms = self.minibatch_losses(batch, clip_range, clip_range_vf, kl_coef)
@@ -723,11 +706,9 @@ class ExtUpdateEngine:
                                 )
                             break
 
-                    # Optimization step: upstream's three calls, looked up at each step as upstream does
-                    self.policy.optimizer.zero_grad()
+                    optimizer_step.zero_grad()
                     loss.backward()
-                    # Clip grad norm
-                    grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+                    grad_norm = optimizer_step.clip()
                     # One host read per minibatch for both guards: loss + norm is finite iff both are. Nothing
                     # has reached the parameters yet (the optimizer steps below); the raise clears the gradients.
                     if not math.isfinite((loss.detach() + grad_norm).item()):
@@ -735,7 +716,7 @@ class ExtUpdateEngine:
                             self._raise_non_finite("loss", epoch, terms)
                         self._raise_non_finite("gradient", epoch, dict(grad_norm=grad_norm, loss=loss))
                     grad_norms.append(grad_norm.detach())
-                    self.policy.optimizer.step()
+                    optimizer_step.step()
             finally:
                 batches.close()
             self._n_updates += 1
@@ -744,10 +725,8 @@ class ExtUpdateEngine:
             epochs_completed += 1
 
         # pi_new on every sample: the analytic KL(pi_old || pi_new) of this update.
-        new_distributions, carried_old = self._rollout_distributions(with_old=carried)
-        old = carried_old if carried else old_distributions
-        assert old is not None  # carried: from the buffer; otherwise recomputed before the epochs
-        kl = analytic_kl(old, new_distributions)
+        new_distributions = self._rollout_distributions()
+        kl = analytic_kl(old_distributions, new_distributions)
         mean_kl = float(kl.mean().item())
         if self.uses_kl_penalty and self.kl_target is not None:
             self.current_kl_coef = losses.adapt_kl_coef(

@@ -478,20 +478,13 @@ class CheckedForward:
     Where a policy knows its head (:meth:`_direct_forward`), ``forward`` computes the step without SB3's
     and torch's distribution objects (:func:`sb3_ppo_ext.distributions.direct_gaussian`,
     :func:`~sb3_ppo_ext.distributions.direct_categorical`): the same operations on the same tensors, so
-    the same actions, values, log-probabilities and random draws; ``action_parameters`` then holds the
-    parameters of the distribution the actions were drawn from (``action_dist`` keeps the last one built
-    the usual way).
+    the same actions, values, log-probabilities and random draws (``action_dist`` keeps the last
+    distribution built the usual way).
     """
-
-    #: ``(log_prob, kinds, tensors)`` of the last ``forward`` that sampled without distribution objects:
-    #: its log-probability tensor (by identity), then what :func:`sb3_ppo_ext.distributions.distribution_parameters`
-    #: would return for its distribution; ``None`` after any other ``forward``.
-    action_parameters: tuple[th.Tensor, tuple[str, ...], tuple[th.Tensor, ...]] | None = None
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         output = self._direct_forward(*args, **kwargs)
         if output is None:
-            self.__dict__["action_parameters"] = None
             output = super().forward(*args, **kwargs)  # type: ignore[misc]
         # NaN and inf survive a sum (a few log-probabilities cannot overflow it): one tensor op and one host read,
         # unless the step checked its own (the fast mode's, in NumPy).
@@ -553,11 +546,7 @@ class CheckedForward:
         pi_features, vf_features = features
         return extractor.forward_actor(pi_features), extractor.forward_critic(vf_features)
 
-    def _acted(
-        self, actions: th.Tensor, values: th.Tensor, log_prob: th.Tensor, kind: str, parameters: tuple[th.Tensor, ...]
-    ) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
-        # Set in the instance's dict: what nn.Module.__setattr__ does for a plain value, without its checks.
-        self.__dict__["action_parameters"] = (log_prob, (kind,), parameters)
+    def _acted(self, actions: th.Tensor, values: th.Tensor, log_prob: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
         return actions.reshape((-1, *self.action_space.shape)), values, log_prob  # type: ignore[attr-defined]
 
 
@@ -912,8 +901,8 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         dist = self.action_dist  # the squashed head wraps it per call (_get_action_dist_from_latent)
         latent_pi, values, head = self._step_outputs(obs)
         if kind == "categorical":
-            actions, log_prob, logits = direct_categorical(head, deterministic)
-            return self._acted(actions, values, log_prob, "categorical", logits)
+            actions, log_prob, _ = direct_categorical(head, deterministic)
+            return self._acted(actions, values, log_prob)
         noise = scale_terms = None
         if kind == "gaussian" and not self.state_dependent_std:
             scale, scale_terms = self._step_scale(head)
@@ -923,8 +912,8 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
             latent_sde, scale = self._sde_scale(latent_pi)
             noise = None if deterministic else dist.get_noise(latent_sde)  # type: ignore[attr-defined]
         log_half_range_sum = self._log_half_range_sum if self.squash_output else None
-        actions, log_prob, parameters = direct_gaussian(head, scale, deterministic, log_half_range_sum, noise, scale_terms)
-        return self._acted(actions, values, log_prob, "normal", parameters)
+        actions, log_prob, _ = direct_gaussian(head, scale, deterministic, log_half_range_sum, noise, scale_terms)
+        return self._acted(actions, values, log_prob)
 
     def _sde_scale(self, latent_pi: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
         """
@@ -980,7 +969,6 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         log_prob_tensor = th.from_numpy(log_prob)
         if math.isfinite(log_prob.sum()):  # else forward's check raises
             self.__dict__["_finite_log_prob"] = log_prob_tensor
-        self.__dict__["action_parameters"] = (log_prob_tensor, ("normal",), (th.from_numpy(mean), scales))
         shape = (-1, *cast(spaces.Box, self.action_space).shape)
         return th.from_numpy(actions.reshape(shape)), th.from_numpy(values), log_prob_tensor
 
@@ -1212,8 +1200,8 @@ class MaskablePPOExtPolicy(CheckedForward, NetworkLearningRates, MaskableActorCr
         if self.direct_head() is None:
             return None
         _, values, head = self._step_outputs(obs)
-        actions, log_prob, parameters = direct_categorical(head, deterministic, action_masks, masked=True)
-        return self._acted(actions, values, log_prob, "categorical", parameters)
+        actions, log_prob, _ = direct_categorical(head, deterministic, action_masks, masked=True)
+        return self._acted(actions, values, log_prob)
 
     def evaluate_actions_and_distribution(
         self,

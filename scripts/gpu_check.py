@@ -26,6 +26,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_ppo_ext import MaskablePPOExt, PPOExt, RecurrentPPOExt
+from sb3_ppo_ext.distributions import distribution_parameters, distributions_from_parameters, index_distribution
 from sb3_ppo_ext.engine import Minibatch
 
 BASE = dict(n_steps=64, batch_size=32, n_epochs=2, seed=0)
@@ -92,7 +93,10 @@ def _to(value: Any, device: th.device) -> Any:
 def _losses(model: BaseAlgorithm, batch: Minibatch, before: dict, after: dict) -> dict[str, float]:
     """Loss terms of the policy ``after`` one update, against the rollout policy ``before`` (carried by the batch)."""
     if model.kl_coef > 0:  # type: ignore[attr-defined]
-        batch = batch._replace(old_distributions=model._carried_distributions(batch.samples, batch.valid))  # type: ignore[attr-defined]
+        old = distributions_from_parameters(model.rollout_buffer.distribution_kinds, batch.samples.old_distribution)
+        batch = batch._replace(
+            old_distributions=old if batch.valid is None else [index_distribution(d, batch.valid) for d in old]
+        )
     model.policy.load_state_dict(after)
     model.policy.set_training_mode(True)
     clip_range_vf = 0.2 if model.clip_range_vf is not None else None  # type: ignore[attr-defined]
@@ -118,6 +122,8 @@ def check(name: str, env_id: str, kwargs: dict[str, Any], device: str, rtol: flo
     callback.on_training_start(locals(), globals())
     assert isinstance(callback, BaseCallback)
     cpu.collect_rollouts(cpu.env, callback, cpu.rollout_buffer, n_rollout_steps=cpu.n_steps)  # type: ignore[arg-type]
+    if cpu.kl_coef > 0:  # type: ignore[attr-defined]  # pi_old, as the update hands it to the buffer
+        cpu.rollout_buffer.set_old_distribution(*distribution_parameters(cpu._rollout_distributions()))  # type: ignore[attr-defined]
     batch = next(cpu._minibatches())  # type: ignore[attr-defined]  # a real minibatch, pi_old's parameters (and padding)
     rollout = copy.deepcopy(cpu.rollout_buffer)
     before = copy.deepcopy(cpu.policy.state_dict())

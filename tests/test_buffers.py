@@ -1,4 +1,4 @@
-"""The rollout buffers that carry pi_old (sb3_ppo_ext.buffers), and the engine's two paths to pi_old."""
+"""The rollout buffers that carry pi_old (sb3_ppo_ext.buffers)."""
 
 import gymnasium as gym
 import numpy as np
@@ -23,6 +23,8 @@ from sb3_ppo_ext.buffers import (
     PiOldRecurrentRolloutBuffer,
     PiOldRolloutBuffer,
 )
+from sb3_ppo_ext.distributions import distributions_from_parameters
+from sb3_ppo_ext.validation import InvalidSettingError
 
 LSTM = dict(lstm_hidden_size=8, net_arch=[8])
 
@@ -90,8 +92,11 @@ EXPECTED = {
 
 @pytest.mark.parametrize("family", ["ppo", "maskable", "recurrent"])
 @pytest.mark.parametrize("dict_obs", [False, True])
-def test_each_family_collects_into_a_buffer_carrying_pi_old(family, dict_obs):
-    """Every sample of a rollout carries the parameters of the distribution its action was sampled from."""
+def test_each_family_hands_pi_old_to_a_buffer_that_carries_it(family, dict_obs):
+    """
+    With the KL penalty, every sample of a rollout carries pi_old: the policy's distribution on it before the
+    update, in the buffer's flattened row order (padded sequences' valid steps for the recurrent buffers).
+    """
     model = build(family, dict_obs, kl_coef=0.5)
     assert type(model.rollout_buffer) is EXPECTED[family, dict_obs]
     checked = []
@@ -99,17 +104,16 @@ def test_each_family_collects_into_a_buffer_carrying_pi_old(family, dict_obs):
 
     def train():
         buffer = model.rollout_buffer
-        assert buffer.carries_pi_old
-        current, carried = model._rollout_distributions(with_old=True)  # the policy has not changed yet
-        for got, want in zip(carried, current, strict=True):
-            th.testing.assert_close(
-                got.mean if not hasattr(got, "logits") else got.probs,
-                want.mean if not hasattr(want, "logits") else want.probs,
-                rtol=1e-5,
-                atol=1e-6,
-            )
-        checked.append(current[0].batch_shape[0])
+        assert not buffer.carries_pi_old  # a new rollout: nothing carried yet
+        before = model._rollout_distributions()  # the policy has not changed yet
         original()
+        assert buffer.carries_pi_old
+        carried = distributions_from_parameters(buffer.distribution_kinds, [th.as_tensor(a) for a in buffer.old_distribution])
+        for got, want in zip(carried, before, strict=True):
+            for name in ("loc", "scale", "logits"):
+                if hasattr(want, name):
+                    assert th.equal(getattr(got, name), getattr(want, name)), name
+        checked.append(before[0].batch_shape[0])
 
     model.train = train
     model.learn(2 * model.n_steps * model.n_envs)
@@ -137,7 +141,7 @@ def test_upstreams_own_buffer_classes_are_replaced_and_saved_as_such(family, giv
 
 
 class OwnBuffer(RolloutBuffer):
-    """A user's own buffer class: kept as it is; pi_old is then recomputed."""
+    """A user's own buffer class: kept as it is."""
 
 
 class OwnMaskableBuffer(MaskableRolloutBuffer):
@@ -145,46 +149,20 @@ class OwnMaskableBuffer(MaskableRolloutBuffer):
 
 
 @pytest.mark.parametrize("family, own", [("ppo", OwnBuffer), ("maskable", OwnMaskableBuffer)])
-def test_a_users_buffer_class_is_kept_and_pi_old_is_recomputed(family, own):
+def test_a_users_buffer_class_is_kept_and_refused_only_with_the_kl_penalty(family, own):
     """
-    The recompute path (a frozen copy of the policy for the penalty, a pass over the rollout for the KL)
-    trains like the carried path, to float rounding: the same pi_old, computed at another batch size.
+    A user's own buffer class trains as the package's buffer does (the update's KL measured on a pass over its
+    flattened rollout); the KL penalty, whose minibatches need pi_old, refuses it with a clear error.
     """
-    trained = {}
-    for name, kwargs in (("carried", {}), ("recomputed", {"rollout_buffer_class": own})):
-        model = build(family, kl_coef=1.0, kl_target=0.01, **kwargs)
+    logged = {}
+    for name, kwargs in (("ours", {}), ("own", {"rollout_buffer_class": own})):
+        model = build(family, **kwargs)
         model.learn(64)
-        assert isinstance(model.rollout_buffer, PiOldBuffer) == (name == "carried")
-        trained[name] = (model.policy.parameters_to_vector(), dict(model.logger.name_to_value), model.current_kl_coef)
-    carried, recomputed = trained["carried"], trained["recomputed"]
-    np.testing.assert_allclose(recomputed[0], carried[0], rtol=1e-4, atol=1e-5)
-    for key in ("train/kl", "train/kl_penalty", "train/loss"):
-        assert recomputed[1][key] == pytest.approx(carried[1][key], rel=1e-3, abs=1e-7), key
-    assert recomputed[2] == carried[2]
-
-
-def test_a_step_added_without_its_distribution_leaves_the_rollout_incomplete():
-    """add() files a distribution only under the step whose log_prob the policy's forward returned."""
-    model = build("ppo", kl_coef=0.5)
-    buffer = model.rollout_buffer
-    obs = model.env.reset()
-    with buffer.recording(model.policy):
-        for _ in range(model.n_steps):
-            with th.no_grad():
-                actions, values, log_probs = model.policy(th.as_tensor(obs))
-                model.policy(th.as_tensor(obs))  # a second forward (e.g. a callback's) in between
-            buffer.add(obs, actions.numpy(), np.zeros(2), np.zeros(2), values, log_probs)
-    assert not buffer.carries_pi_old  # the log_prob added is not the last forward's
-    buffer.reset()
-    with buffer.recording(model.policy):
-        for _ in range(model.n_steps):
-            with th.no_grad():
-                actions, values, log_probs = model.policy(th.as_tensor(obs))
-            buffer.add(obs, actions.numpy(), np.zeros(2), np.zeros(2), values, log_probs)
-    assert buffer.carries_pi_old
-    samples = next(buffer.get(8))
-    assert len(samples.old_distribution) == 2  # a Gaussian's loc and scale
-    assert samples.old_distribution[0].shape == (8, 1)
+        assert isinstance(model.rollout_buffer, PiOldBuffer) == (name == "ours")
+        logged[name] = dict(model.logger.name_to_value)
+    assert logged["own"]["train/kl"] == pytest.approx(logged["ours"]["train/kl"], rel=1e-4, abs=1e-9)
+    with pytest.raises(InvalidSettingError, match=rf"rollout_buffer_class={own.__name__}.*kl_coef=1.0"):
+        build(family, kl_coef=1.0, rollout_buffer_class=own)
 
 
 def test_prepare_rollout_draws_no_random_numbers():
@@ -195,7 +173,6 @@ def test_prepare_rollout_draws_no_random_numbers():
     buffer.observations = buffer.observations.reshape(32, 2, -1)
     for name in ("actions", "values", "log_probs", "advantages", "returns"):
         setattr(buffer, name, getattr(buffer, name).reshape(32, 2, -1))
-    buffer.old_distribution = [array.reshape(32, 2, -1) for array in buffer.old_distribution]
     state = np.random.get_state()
     samples = list(buffer.rollout_samples(40))
     assert [len(s.actions) for s in samples] == [40, 24]

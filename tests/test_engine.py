@@ -19,6 +19,7 @@ from torch.distributions import Normal, kl_divergence
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from sb3_ppo_ext import MaskablePPOExt, NonFiniteLossError, PPOExt, RecurrentPPOExt
+from sb3_ppo_ext.distributions import distributions_from_parameters
 from sb3_ppo_ext.engine import Minibatch
 
 
@@ -49,7 +50,7 @@ def test_a_policy_that_cannot_read_the_observations_is_an_error_at_construction(
 def test_minibatches_are_the_buffers_own():
     """
     The engine iterates the buffer's get(): each minibatch holds the rows upstream draws, and pi_old's
-    parameters ride with them (the logits of the very rows, as the policy computed them while collecting).
+    parameters ride with them (the logits of the very rows, as the policy computed them before the update).
     """
     model = quiet(MaskablePPOExt("MlpPolicy", MASK_ENVS["discrete"](), kl_coef=0.5, **MASK_TINY))
     seen, states, rollout = [], [], {}
@@ -63,7 +64,7 @@ def test_minibatches_are_the_buffers_own():
         states.append(np.random.get_state())
         buffer = model.rollout_buffer
         rollout["log_prob"] = th.as_tensor(buffer.swap_and_flatten(buffer.log_probs)).flatten()
-        rollout["logits"] = model._rollout_distributions()[0][0].logits  # the policy before the update
+        rollout["logits"] = model._rollout_distributions()[0].logits  # the policy before the update
         original_train()
 
     model.minibatch_losses, model.train = spy, train
@@ -147,25 +148,30 @@ def test_no_instance_patches_and_no_hook_outlive_early_stops_and_errors():
 
 
 @pytest.mark.parametrize("n_envs", [1, 3])
-def test_pi_old_recorded_during_collection_equals_a_recomputation(family: Member, n_envs: int):
-    """The distributions kept at collection are the policy's on every rollout row, in the buffer's row order."""
-    model = family.model(n_envs, n_steps=16, batch_size=16)
+def test_pi_old_is_the_policy_that_collected_the_rollout(family: Member, n_envs: int):
+    """pi_old, scored once before the update, gives every stored action the log-probability it was collected with."""
+    kwargs: dict = dict(n_steps=16, batch_size=16, kl_coef=0.5)
+    if family.name != "maskable":  # the unsquashed Gaussian: its stored log_prob is the base distribution's
+        kwargs["policy_kwargs"] = {**family.tiny.get("policy_kwargs", {}), "squash_output": False}
+    model = family.model(n_envs, **kwargs)
     compared = []
     original = model.train
 
     def train():
-        assert model.rollout_buffer.carries_pi_old
-        recomputed, recorded = model._rollout_distributions(with_old=True)
-        for got, want in zip(recorded, recomputed, strict=True):
-            params = ("loc", "scale") if isinstance(want, Normal) else ("logits",)
-            for name in params:
-                th.testing.assert_close(getattr(got, name), getattr(want, name), rtol=1e-5, atol=1e-5)
-        compared.append(True)
         original()
+        buffer = model.rollout_buffer  # flattened by the update
+        old = distributions_from_parameters(buffer.distribution_kinds, [th.as_tensor(a) for a in buffer.old_distribution])
+        actions = th.as_tensor(buffer.actions)
+        log_prob = sum(
+            dist.log_prob(actions).sum(-1) if isinstance(dist, Normal) else dist.log_prob(actions[:, column].long())
+            for column, dist in enumerate(old)
+        )
+        th.testing.assert_close(log_prob, th.as_tensor(buffer.log_probs).flatten(), rtol=1e-5, atol=1e-5)
+        compared.append(len(log_prob))
 
     model.train = train
     model.learn(32 * n_envs)
-    assert len(compared) == 2
+    assert compared == [16 * n_envs] * 2
 
 
 def test_logged_kl_is_analytic_kl_of_the_update():

@@ -147,33 +147,35 @@ def test_fast_sequence_pass_equals_upstreams_step_by_step_loop():
 
 
 def _upstream_forward(policy, obs, deterministic, masks=None):
-    """The step through upstream's forward (SB3's or sb3-contrib's), with the distribution it builds."""
+    """The step through upstream's forward (SB3's or sb3-contrib's)."""
     from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
     from stable_baselines3.common.policies import ActorCriticPolicy
 
-    from sb3_ppo_ext.distributions import distribution_parameters, torch_distributions
-
     with th.no_grad():
         if masks is None and not isinstance(policy, MaskableActorCriticPolicy):
-            output = ActorCriticPolicy.forward(policy, obs, deterministic)
-        else:
-            output = MaskableActorCriticPolicy.forward(policy, obs, deterministic, action_masks=masks)
-    return output, distribution_parameters(torch_distributions(policy.action_dist))
+            return ActorCriticPolicy.forward(policy, obs, deterministic)
+        return MaskableActorCriticPolicy.forward(policy, obs, deterministic, action_masks=masks)
 
 
 def _direct_and_upstream(model, obs, deterministic, masks=None, plan=False):
+    from sb3_ppo_ext import policies
+
     kwargs = {} if masks is None else {"action_masks": masks}
+    calls = []
+    direct_functions = {name: getattr(policies, name) for name in ("direct_gaussian", "direct_categorical")}
     th.manual_seed(7)
-    with th.no_grad(), model.policy.acting() if plan else contextlib.nullcontext():
-        assert (model.policy._acting_plan is not None) == plan
-        direct = model.policy(obs, deterministic, **kwargs)
-    direct_state, acted = th.get_rng_state(), model.policy.action_parameters
+    with pytest.MonkeyPatch.context() as patch:
+        for name, function in direct_functions.items():
+            patch.setattr(policies, name, lambda *a, _f=function, **k: calls.append(1) or _f(*a, **k))
+        with th.no_grad(), model.policy.acting() if plan else contextlib.nullcontext():
+            assert (model.policy._acting_plan is not None) == plan
+            direct = model.policy(obs, deterministic, **kwargs)
+    direct_state = th.get_rng_state()
     th.manual_seed(7)
-    upstream, (kinds, tensors) = _upstream_forward(model.policy, obs, deterministic, masks)
-    assert acted is not None and acted[0] is direct[2], "forward did not take the direct path"
+    upstream = _upstream_forward(model.policy, obs, deterministic, masks)
+    assert calls == [1], "forward did not take the direct path"
     assert all(th.equal(a, b) and a.dtype == b.dtype for a, b in zip(direct, upstream, strict=True))
     assert th.equal(direct_state, th.get_rng_state())  # the same random draws
-    assert acted[1] == kinds and all(th.equal(a, b) for a, b in zip(acted[2], tensors, strict=True))
 
 
 @pytest.mark.parametrize(
@@ -243,8 +245,7 @@ def test_heads_without_a_direct_step_run_upstreams_forward():
     for cls, policy, env_id, kwargs in cases:
         model = cls(policy, env_id, n_steps=16, batch_size=16, **kwargs)
         model.learn(16)
-        assert model.policy.action_parameters is None, (cls.__name__, kwargs)
-        assert model.rollout_buffer.carries_pi_old  # pi_old comes from action_dist instead
+        assert model.policy.direct_head() is None, (cls.__name__, kwargs)
 
 
 def _lean_networks() -> list[nn.Module]:
@@ -429,7 +430,7 @@ def test_acting_plan_follows_parameters_changed_within_a_collection(policy_kwarg
                 th.manual_seed(3)
                 direct = policy(batch)
                 th.manual_seed(3)
-                upstream, _ = _upstream_forward(policy, batch, False)
+                upstream = _upstream_forward(policy, batch, False)
                 assert all(same(a, b) for a, b in zip(direct, upstream, strict=True))
             # the derived forms took these steps
             assert plan.arrays().head is not None if fast else plan._torch is not None and plan.head is not None
@@ -437,7 +438,7 @@ def test_acting_plan_follows_parameters_changed_within_a_collection(policy_kwarg
             th.manual_seed(3)
             direct = policy(obs)
             th.manual_seed(3)
-            upstream, _ = _upstream_forward(policy, obs, False)
+            upstream = _upstream_forward(policy, obs, False)
             assert all(th.equal(a.detach(), b) for a, b in zip(direct, upstream, strict=True))
             direct[2].sum().backward()
             assert policy.log_std.grad is not None and first_layer.weight.grad is not None
@@ -532,7 +533,6 @@ def test_a_hook_registered_during_a_collection_runs_and_the_plan_lives_for_the_c
     assert planned == ["plan", True] * 8 + [True] * 8  # after the hook, the modules are called
     # 8 steps after the hook, and the last observation's value (predict_values) at the rollout's end
     assert collected == [9] and model.policy._acting_plan is None
-    assert model.rollout_buffer.carries_pi_old
 
 
 @pytest.mark.parametrize(
@@ -617,7 +617,7 @@ def test_a_policy_with_checked_forward_but_no_direct_head_steps_upstreams_way():
     with model.policy.acting():
         assert model.policy._acting_plan is None
     model.learn(16)
-    assert model.policy.action_parameters is None and model.rollout_buffer.carries_pi_old
+    assert "train/kl" in model.logger.name_to_value
 
 
 def _fast_and_default_steps(model, obs, deterministic):
@@ -628,7 +628,7 @@ def _fast_and_default_steps(model, obs, deterministic):
         th.manual_seed(3)
         with th.no_grad(), policy.acting():
             output = policy(obs, deterministic=deterministic)
-        steps[fast] = (*output, *policy.action_parameters[2], th.rand(1))  # the RNG state after the step too
+        steps[fast] = (*output, th.rand(1))  # the RNG state after the step too
     policy.fast = True
     return steps[True], steps[False]
 
@@ -655,7 +655,7 @@ def test_fast_mode_acts_in_numpy_as_the_default_step_does_to_float_rounding(squa
         assert got.shape == want.shape and got.dtype == want.dtype
         th.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     model.learn(model.n_steps * n_envs)
-    assert model.rollout_buffer.carries_pi_old and len(calls) > model.n_steps  # pi_old recorded from the NumPy steps
+    assert len(calls) > model.n_steps  # the rollout stepped in NumPy
 
 
 def test_fast_mode_acts_with_torch_where_numpy_cannot_or_must_not():
