@@ -138,7 +138,7 @@ class PiOldBuffer:
             return
         state = np.random.get_state()
         try:
-            generator = self.get(1)
+            generator = self.get(1)  # type: ignore[attr-defined]
             next(generator)
             generator.close()
         finally:
@@ -214,13 +214,13 @@ class PiOldDictRolloutBuffer(_SB3Fields, PiOldBuffer, DictRolloutBuffer):
     samples_class = PiOldDictRolloutBufferSamples
 
 
-class PiOldMaskableRolloutBuffer(_MaskableFields, PiOldBuffer, MaskableRolloutBuffer):  # type: ignore[misc]  # upstream's add takes *args
+class PiOldMaskableRolloutBuffer(_MaskableFields, PiOldBuffer, MaskableRolloutBuffer):
     """sb3-contrib's ``MaskableRolloutBuffer`` carrying ``pi_old`` (see :class:`PiOldBuffer`)."""
 
     samples_class = PiOldMaskableRolloutBufferSamples
 
 
-class PiOldMaskableDictRolloutBuffer(_MaskableFields, PiOldBuffer, MaskableDictRolloutBuffer):  # type: ignore[misc]  # upstream's add takes *args
+class PiOldMaskableDictRolloutBuffer(_MaskableFields, PiOldBuffer, MaskableDictRolloutBuffer):
     """sb3-contrib's ``MaskableDictRolloutBuffer`` carrying ``pi_old`` (see :class:`PiOldBuffer`)."""
 
     samples_class = PiOldMaskableDictRolloutBufferSamples

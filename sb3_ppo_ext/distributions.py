@@ -34,6 +34,8 @@ from torch.distributions import Bernoulli, Beta, Categorical, Gamma, Normal
 from torch.distributions import kl_divergence as th_kl_divergence
 from torch.nn import functional as F
 
+from sb3_ppo_ext.validation import InvalidSettingError
+
 ENTROPY_ESTIMATORS = ("sample", "gaussian", "mc")
 _TWO_LOG_TWO = 2.0 * math.log(2.0)
 _HALF_LOG_TWO_PI = 0.5 * math.log(2.0 * math.pi)
@@ -261,7 +263,7 @@ class TanhSquashedDistribution(Distribution):
     ):
         super().__init__()
         if entropy_estimator not in ENTROPY_ESTIMATORS:
-            raise ValueError(f"entropy_estimator={entropy_estimator!r} is not one of {ENTROPY_ESTIMATORS}")
+            raise InvalidSettingError(f"entropy_estimator={entropy_estimator!r} is not one of {ENTROPY_ESTIMATORS}")
         self.base = base
         self.distribution = base.distribution
         self.log_half_range_sum = log_half_range_sum

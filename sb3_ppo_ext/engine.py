@@ -328,7 +328,7 @@ class ExtUpdateEngine:
             return
         name = next(alias for alias, policy in aliases.items() if policy is self.policy_class)
         fitting = " or ".join(f"`{alias}`" for alias, policy in aliases.items() if reads_dicts(policy) == dict_space)
-        raise ValueError(
+        raise validation.InvalidSettingError(
             f"You must use {fitting} when working with a {type(self.observation_space).__name__} observation space, not {name}"
         )
 
@@ -346,7 +346,7 @@ class ExtUpdateEngine:
             - {type(self).__name__}
         )
         hint = f"; {policy_name!r} is a policy of {' and '.join(owners)}" if owners else ""
-        raise ValueError(
+        raise validation.InvalidSettingError(
             f"Policy {policy_name!r} unknown for {type(self).__name__}: expected one of {sorted(aliases)} or a policy "
             f"class{hint}"
         )

@@ -13,6 +13,8 @@ import math
 import torch as th
 from torch.nn import functional as F
 
+from sb3_ppo_ext.validation import InvalidSettingError
+
 VF_CLIP_MODES = ("clipped", "max")
 
 
@@ -85,7 +87,7 @@ def value_loss(
     :return: scalar loss
     """
     if mode not in VF_CLIP_MODES:
-        raise ValueError(f"vf_clip_mode={mode!r} is not one of {VF_CLIP_MODES}")
+        raise InvalidSettingError(f"vf_clip_mode={mode!r} is not one of {VF_CLIP_MODES}")
     predicted = values if clip_range_vf is None else clip_values(values, old_values, clip_range_vf)
     if clip_range_vf is not None and mode == "max":
         return masked_mean(th.max((values - returns) ** 2, (predicted - returns) ** 2), valid)

@@ -599,7 +599,7 @@ class NetworkLearningRates:
         :raises ValueError: without ``learning_rates``
         """
         if self.learning_rate_schedules is None:
-            raise ValueError(f"{type(self).__name__} has no learning_rates: its optimizer has one group")
+            raise InvalidSettingError(f"{type(self).__name__} has no learning_rates: its optimizer has one group")
         rates = {network: float(schedule(progress_remaining)) for network, schedule in self.learning_rate_schedules.items()}
         for group in self.optimizer.param_groups:
             if group.get("network") in rates:
@@ -614,7 +614,7 @@ class NetworkLearningRates:
         :param learning_rates: ``{"pi": rate, "vf": rate}``, as the setting takes them
         """
         if self.learning_rate_schedules is None:
-            raise ValueError(f"{type(self).__name__} has no learning_rates: its optimizer has one group")
+            raise InvalidSettingError(f"{type(self).__name__} has no learning_rates: its optimizer has one group")
         check_network_learning_rates("learning_rates", learning_rates)
         self.learning_rates = dict(learning_rates)
         self.learning_rate_schedules = {
@@ -731,23 +731,25 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         if squash_output:
             _check_squashable_bounds(action_space, action_dist)
         if squash_output and not is_box:
-            raise ValueError(
+            raise InvalidSettingError(
                 f"squash_output=True needs a Box action space, got {action_space}; "
                 "use squash_output=None (auto) or False for discrete action spaces"
             )
         if state_dependent_std and not is_box:
-            raise ValueError(f"state_dependent_std=True needs a Box action space, got {action_space}")
+            raise InvalidSettingError(f"state_dependent_std=True needs a Box action space, got {action_space}")
         if state_dependent_std and use_sde:
-            raise ValueError("state_dependent_std=True cannot be combined with use_sde=True (gSDE has its own std)")
+            raise InvalidSettingError("state_dependent_std=True cannot be combined with use_sde=True (gSDE has its own std)")
         if log_std_bounds is not None:
             if not state_dependent_std:
-                raise ValueError(
+                raise InvalidSettingError(
                     f"log_std_bounds={log_std_bounds!r} only applies with state_dependent_std=True; "
                     "the state-independent log-std is a free parameter"
                 )
             bounds = tuple(float(b) for b in log_std_bounds)
             if len(bounds) != 2 or not all(math.isfinite(b) for b in bounds) or not bounds[0] < bounds[1]:
-                raise ValueError(f"log_std_bounds={log_std_bounds!r} is invalid: expected finite (min, max) with min < max")
+                raise InvalidSettingError(
+                    f"log_std_bounds={log_std_bounds!r} is invalid: expected finite (min, max) with min < max"
+                )
             log_std_bounds = (bounds[0], bounds[1])
         elif state_dependent_std:
             log_std_bounds = DEFAULT_LOG_STD_BOUNDS
@@ -755,15 +757,15 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
             log_std_init = float(kwargs.get("log_std_init", 0.0))
             assert log_std_bounds is not None
             if not log_std_bounds[0] < log_std_init < log_std_bounds[1]:
-                raise ValueError(
+                raise InvalidSettingError(
                     f"log_std_init={log_std_init} must lie strictly inside log_std_bounds={log_std_bounds} "
                     "with state_dependent_std=True"
                 )
         if entropy_estimator is not None:
             if entropy_estimator not in ENTROPY_ESTIMATORS:
-                raise ValueError(f"entropy_estimator={entropy_estimator!r} is not one of {ENTROPY_ESTIMATORS}")
+                raise InvalidSettingError(f"entropy_estimator={entropy_estimator!r} is not one of {ENTROPY_ESTIMATORS}")
             if not squash_output:
-                raise ValueError(
+                raise InvalidSettingError(
                     f"entropy_estimator={entropy_estimator!r} only applies to the squashed head "
                     "(the unsquashed Gaussian's entropy is exact in closed form)"
                 )
@@ -1173,7 +1175,7 @@ class MaskablePPOExtPolicy(CheckedForward, NetworkLearningRates, MaskableActorCr
         check_policy_kwargs({"fast": fast, **kwargs})  # each by its row of the parameter table
         self.fast = bool(fast)
         if squash_output is not None and squash_output is not False:
-            raise ValueError(
+            raise InvalidSettingError(
                 f"squash_output={squash_output!r} is invalid for MaskablePPOExt: its action spaces (Discrete, "
                 "MultiDiscrete, MultiBinary) are discrete and have no squashed head; expected None or False"
             )

@@ -56,7 +56,7 @@ from sb3_ppo_ext.parameters import (
 )
 from sb3_ppo_ext.ppo_ext import PPOExt
 from sb3_ppo_ext.storage import HEARTBEAT_INTERVAL, MAX_RETRY, StorageError, make_storage
-from sb3_ppo_ext.validation import ACTION_DISTS, check_choice, is_int, linear_schedule_start
+from sb3_ppo_ext.validation import ACTION_DISTS, InvalidSettingError, check_choice, is_int, linear_schedule_start
 
 if TYPE_CHECKING:
     import optuna
@@ -232,7 +232,9 @@ def _ruled(name: str, value: Any) -> Any:
 def _power_of_two(name: str, value: Any, low: int, high: int) -> int:
     exponent = math.log2(value) if is_int(value) and value > 0 else -1.0
     if not exponent.is_integer() or not low <= exponent <= high:
-        raise ValueError(f"{name}={value!r} is not a power of 2 between {2**low} and {2**high}, which the search space needs")
+        raise InvalidSettingError(
+            f"{name}={value!r} is not a power of 2 between {2**low} and {2**high}, which the search space needs"
+        )
     return int(exponent)
 
 
@@ -258,7 +260,7 @@ def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dic
     clip_range = get("clip_range")
     kl_coef = float(get("kl_coef"))
     if clip_range is not None and not isinstance(clip_range, (int, float)):
-        raise ValueError(f"clip_range={clip_range!r}: the search space has constant clip ranges only")
+        raise InvalidSettingError(f"clip_range={clip_range!r}: the search space has constant clip ranges only")
     params: dict[str, Any] = {
         "n_steps_pow": _power_of_two("n_steps", get("n_steps"), 5, 11),
         "batch_size_pow": _power_of_two("batch_size", get("batch_size"), 5, 9),
@@ -274,7 +276,7 @@ def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dic
         "objective": "+".join(name for name, on in (("clip", clip_range is not None), ("kl", kl_coef > 0)) if on),
     }
     if not params["objective"]:
-        raise ValueError("clip_range=None with kl_coef=0: the entry has no policy objective")
+        raise InvalidSettingError("clip_range=None with kl_coef=0: the entry has no policy objective")
     if clip_range is not None:
         params["clip_range"] = check_choice("clip_range", clip_range, CLIP_RANGES)
     if kl_coef > 0:
@@ -290,7 +292,7 @@ def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dic
     net_arch = policy_kwargs.get("net_arch", NET_ARCHS["small"])
     names = [name for name, arch in NET_ARCHS.items() if arch == net_arch]
     if not names:
-        raise ValueError(f"policy_kwargs.net_arch={net_arch!r} is not one of the search space's {NET_ARCHS}")
+        raise InvalidSettingError(f"policy_kwargs.net_arch={net_arch!r} is not one of the search space's {NET_ARCHS}")
     activation = activation_class(policy_kwargs.get("activation_fn", "tanh"))
     params["net_arch"] = names[0]
     params["activation_fn"] = check_choice("activation_fn", activation.__name__.lower(), ["tanh", "relu"])
@@ -329,12 +331,12 @@ def _learning_rate_params(learning_rates: Any, learning_rate: Any) -> dict[str, 
         return start is not None, float(rate) if start is None else start
 
     if not isinstance(learning_rates, dict) or set(learning_rates) != {"pi", "vf"}:
-        raise ValueError(f"policy_kwargs.learning_rates={learning_rates!r}: expected {{'pi': ..., 'vf': ...}}")
+        raise InvalidSettingError(f"policy_kwargs.learning_rates={learning_rates!r}: expected {{'pi': ..., 'vf': ...}}")
     (pi_linear, pi), (vf_linear, vf), (linear, rate) = map(
         initial, (learning_rates["pi"], learning_rates["vf"], learning_rate)
     )
     if (pi_linear, pi) != (linear, rate) or vf_linear != linear:
-        raise ValueError(
+        raise InvalidSettingError(
             f"policy_kwargs.learning_rates={learning_rates!r}: the search space has the actor at learning_rate="
             f"{learning_rate!r} and the critic at a multiple of it with the same schedule"
         )
@@ -363,7 +365,7 @@ def _check_in_space(params: dict[str, Any], continuous: bool) -> None:
         except ValueError:
             contained = False
         if not contained:
-            raise ValueError(f"{name}={value!r} is outside the search space's {distribution}")
+            raise InvalidSettingError(f"{name}={value!r} is outside the search space's {distribution}")
 
 
 LSTM_HIDDEN_SIZES = [16, 32, 64, 128]

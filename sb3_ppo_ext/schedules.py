@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from sb3_ppo_ext.validation import check_choice, check_real, optional_real
+from sb3_ppo_ext.validation import InvalidSettingError, check_choice, check_real, optional_real
 
 SCHEDULE_KINDS = ("constant", "linear", "cosine", "step", "piecewise")
 SCHEDULE_UNITS = ("progress", "timesteps")
@@ -84,10 +84,12 @@ class ParameterSchedule:
         }[kind]
         for name, item in given.items():
             if item is not None and name not in needed:
-                raise ValueError(f"{name}={item!r} is invalid for kind={kind!r}: it takes {needed}")
+                raise InvalidSettingError(f"{name}={item!r} is invalid for kind={kind!r}: it takes {needed}")
         if kind in ("linear", "cosine") and finish is None:
             if by == "timesteps":
-                raise ValueError(f"finish=None is invalid for kind={kind!r}, by='timesteps': give the timestep of `end`")
+                raise InvalidSettingError(
+                    f"finish=None is invalid for kind={kind!r}, by='timesteps': give the timestep of `end`"
+                )
             finish = 1.0
         self.value = optional_real("value", value)
         self.start = optional_real("start", start)
@@ -96,19 +98,21 @@ class ParameterSchedule:
         self.finish = optional_real("finish", finish)
         if kind in ("linear", "cosine"):
             if self.start is None or self.end is None:
-                raise ValueError(f"start={start!r}, end={end!r} are invalid for kind={kind!r}: both are required numbers")
+                raise InvalidSettingError(
+                    f"start={start!r}, end={end!r} are invalid for kind={kind!r}: both are required numbers"
+                )
             assert self.finish is not None
             if self.finish <= self.begin:
-                raise ValueError(f"finish={finish!r} is invalid: expected finish > begin={begin!r}")
+                raise InvalidSettingError(f"finish={finish!r} is invalid: expected finish > begin={begin!r}")
         if kind == "constant" and self.value is None:
-            raise ValueError("value=None is invalid for kind='constant': expected a number")
+            raise InvalidSettingError("value=None is invalid for kind='constant': expected a number")
         self.values: list[float] = []
         self.boundaries: list[float] = []
         if kind == "step":
             self.values = [check_real("values[]", item) for item in self._sequence("values", values)]
             self.boundaries = [check_real("boundaries[]", item) for item in self._sequence("boundaries", boundaries)]
             if len(self.values) != len(self.boundaries) + 1:
-                raise ValueError(
+                raise InvalidSettingError(
                     f"values={values!r} is invalid: expected one more value than boundaries ({len(self.boundaries)})"
                 )
             self._check_increasing("boundaries", self.boundaries)
@@ -116,22 +120,22 @@ class ParameterSchedule:
         if kind == "piecewise":
             for point in self._sequence("points", points):
                 if not isinstance(point, (list, tuple)) or len(point) != 2:
-                    raise ValueError(f"points={points!r} is invalid: expected [x, y] pairs, got {point!r}")
+                    raise InvalidSettingError(f"points={points!r} is invalid: expected [x, y] pairs, got {point!r}")
                 self.points.append((check_real("points[][0]", point[0]), check_real("points[][1]", point[1])))
             if not self.points:
-                raise ValueError("points=[] is invalid: expected at least one [x, y] pair")
+                raise InvalidSettingError("points=[] is invalid: expected at least one [x, y] pair")
             self._check_increasing("points", [x for x, _ in self.points])
 
     @staticmethod
     def _sequence(name: str, items: Any) -> list[Any]:
         if not isinstance(items, (list, tuple)):
-            raise ValueError(f"{name}={items!r} is invalid: expected a list")
+            raise InvalidSettingError(f"{name}={items!r} is invalid: expected a list")
         return list(items)
 
     @staticmethod
     def _check_increasing(name: str, xs: list[float]) -> None:
         if any(b <= a for a, b in itertools.pairwise(xs)):
-            raise ValueError(f"{name}={xs!r} is invalid: the x values must be strictly increasing")
+            raise InvalidSettingError(f"{name}={xs!r} is invalid: the x values must be strictly increasing")
 
     @classmethod
     def from_spec(cls, name: str, spec: ParameterSchedule | Mapping[str, Any] | Callable[[float], float]) -> Any:
@@ -146,17 +150,17 @@ class ParameterSchedule:
         if isinstance(spec, ParameterSchedule) or (callable(spec) and not isinstance(spec, Mapping)):
             return spec
         if not isinstance(spec, Mapping):
-            raise ValueError(
+            raise InvalidSettingError(
                 f"schedules[{name!r}]={spec!r} is invalid: expected a dict such as {{kind: linear, start: .., end: ..}}"
             )
         if "kind" not in spec:
-            raise ValueError(f"schedules[{name!r}]={dict(spec)!r} is invalid: it needs a 'kind' in {SCHEDULE_KINDS}")
+            raise InvalidSettingError(f"schedules[{name!r}]={dict(spec)!r} is invalid: it needs a 'kind' in {SCHEDULE_KINDS}")
         try:
             return cls(**spec)
         except TypeError as error:
-            raise ValueError(f"schedules[{name!r}]={dict(spec)!r} is invalid: {error}") from None
+            raise InvalidSettingError(f"schedules[{name!r}]={dict(spec)!r} is invalid: {error}") from None
         except ValueError as error:
-            raise ValueError(f"schedules[{name!r}]: {error}") from None
+            raise InvalidSettingError(f"schedules[{name!r}]: {error}") from None
 
     def __call__(self, x: float) -> float:
         """
