@@ -1,18 +1,20 @@
-"""Action masks for environments and evaluation loops that do not pass them (rl-zoo3's ``EvalCallback``, ``enjoy``).
+"""Action masks for environments and for loops that cannot pass them (rl-zoo3's ``enjoy`` and ``record_video``).
 
 sb3-contrib's masked algorithms read masks from the environment (``env.action_masks()``, through
-``get_action_masks``) while collecting, but ``predict(obs)`` only uses masks it is given. Loops
-written for unmasked algorithms (SB3's ``evaluate_policy``, rl-zoo3's evaluation callbacks,
-``-optimize`` trials and ``enjoy``) call ``predict(obs)`` with the observation the VecEnv returned
-and nothing else. Two pieces close that gap:
+``get_action_masks``) while collecting, and ``predict(obs, action_masks=...)`` uses masks it is given;
+sb3-contrib's ``evaluate_policy`` and ``MaskableEvalCallback`` fetch them from the env at each step,
+and rl-zoo3's evaluations of ``--algo ppo_mask_ext`` use those. Loops that call ``predict(obs)``
+with the observation alone (rl-zoo3's ``enjoy``) need the masks on the observation:
 
 - :class:`ActionMaskFromInfo`: a gymnasium wrapper that exposes the mask an environment reports in
-  its ``info`` (gymnasium's ``Taxi-v3`` reports ``info["action_mask"]``) as ``action_masks()``;
+  its ``info`` (gymnasium's ``Taxi-v4`` reports ``info["action_mask"]``) as ``action_masks()``;
 - :class:`MaskedObservations`: a VecEnv wrapper whose ``reset`` and ``step`` return observations
   that carry the masks of the state they describe (:class:`ObservationWithMasks`, an ``ndarray``
   with an ``action_masks`` attribute; :class:`DictObservationWithMasks` for Dict spaces).
-  :meth:`sb3_ppo_ext.MaskablePPOExt.predict` uses those masks when it is given none, so
-  ``evaluate_policy(model, MaskedObservations(env))`` evaluates the masked policy.
+  :meth:`sb3_ppo_ext.MaskablePPOExt.predict` uses those masks when it is given none. The masks ride
+  on that one object: a copy, a slice, arithmetic, ``np.asarray`` or a VecEnv wrapper above
+  ``MaskedObservations`` return observations without them, and ``predict`` then warns
+  (:class:`sb3_ppo_ext.maskable.MissingActionMasksWarning`) for a model trained with masks.
 
 :func:`register_envs` registers sb3-contrib's masked test environments with gymnasium, so that
 rl-zoo3's ``--env`` can name them (``InvalidActionEnvDiscrete-v0`` and its MultiDiscrete and
@@ -110,12 +112,13 @@ def without_masks(observations: Any) -> Any:
 class MaskedObservations(VecEnvWrapper):
     """
     A VecEnv whose observations carry the action masks of the states they describe, for loops that
-    call ``predict(obs)`` without masks (``evaluate_policy``, rl-zoo3's evaluation and ``enjoy``).
+    call ``predict(obs)`` with the observation alone (rl-zoo3's ``enjoy`` and ``record_video``, SB3's
+    ``evaluate_policy``); where a loop can pass masks, sb3-contrib's ``get_action_masks(env)`` gives them.
 
     The masks are read with sb3-contrib's ``get_action_masks`` (``env_method("action_masks")``) after
     every ``reset`` and ``step``: after an episode ends, they are the masks of the reset state that
-    the VecEnv returns. Put it outermost (above ``VecNormalize``), as the observation object itself
-    carries the masks.
+    the VecEnv returns. Put it outermost (above ``VecNormalize``) and hand its observations to
+    ``predict`` unchanged: the observation object itself carries the masks, and a copy does not.
 
     :param venv: a VecEnv whose environments provide ``action_masks()``
     :raises ValueError: when they do not

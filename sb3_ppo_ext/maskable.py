@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -28,6 +29,14 @@ from sb3_ppo_ext.policies import (  # the policies live in sb3_ppo_ext.policies;
 )
 
 SelfMaskablePPOExt = TypeVar("SelfMaskablePPOExt", bound="MaskablePPOExt")
+
+
+class MissingActionMasksWarning(UserWarning):
+    """
+    :meth:`MaskablePPOExt.predict` acted without action masks (none given, none carried by the
+    observation) for a model whose masks are in play: its last ``learn`` used them, or, before any
+    ``learn``, its env provides ``action_masks()``. The action may be one the env forbids.
+    """
 
 
 def mask_blocks(action_space: spaces.Space) -> np.ndarray:
@@ -122,7 +131,8 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[
     deliberate difference: a one-sample minibatch is not advantage-normalised, as in SB3's PPO).
 
     The environment provides ``action_masks()`` (or is wrapped in sb3-contrib's ``ActionMasker``);
-    ``predict(obs, action_masks=...)`` as upstream. Masks are checked on every rollout step and in
+    ``predict(obs, action_masks=...)`` as upstream; a ``predict`` without masks for a model trained with them
+    issues a :class:`MissingActionMasksWarning` (once per model). Masks are checked on every rollout step and in
     ``predict`` (:func:`check_action_masks`): a mask of the wrong shape or dtype, or one that allows no
     action (for MultiDiscrete and MultiBinary: no value of a sub-action), is a ``ValueError``.
 
@@ -308,9 +318,11 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[
         """
         Upstream's ``predict``, with a ``ValueError`` (:func:`check_action_masks`) for ``action_masks``
         that do not fit the action space and the number of observations, or that allow no action.
-        Without ``action_masks``, the masks that ``observation`` carries are used: observations from
-        :class:`sb3_ppo_ext.envs.MaskedObservations` carry those of their states, so loops that pass
-        no masks (SB3's ``evaluate_policy``, rl-zoo3's evaluation and ``enjoy``) act with them.
+        Without ``action_masks``, the masks that ``observation`` carries are used (observations of
+        :class:`sb3_ppo_ext.envs.MaskedObservations`, for loops that pass no masks, such as rl-zoo3's
+        ``enjoy``). With neither, the action is unmasked, as upstream's; if the model's masks are in
+        play (its last ``learn`` used them, or, before any ``learn``, its env provides
+        ``action_masks()``), the first such call of the model issues a :class:`MissingActionMasksWarning`.
 
         :param observation: the input observation
         :param state: The last hidden states (unused: the policy is not recurrent)
@@ -322,6 +334,20 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[
         """
         if action_masks is None:
             action_masks = masks_of(observation)
+            if action_masks is None and not self._warned_missing_masks and self._masks_in_play():
+                self._warned_missing_masks = True
+                warnings.warn(
+                    f"{type(self).__name__}.predict was given no action_masks (and the observation carries none) for a "
+                    "model that acts with masks (trained with them, or on an env that provides action_masks()): the action "
+                    "may be one the env forbids. Pass predict(obs, "
+                    "action_masks=get_action_masks(vec_env)) (sb3_contrib.common.maskable.utils), evaluate with "
+                    "sb3_contrib.common.maskable.evaluation.evaluate_policy or MaskableEvalCallback, or, for a loop that "
+                    "cannot pass masks, step a sb3_ppo_ext.envs.MaskedObservations VecEnv (outermost) and hand its "
+                    "observations to predict unchanged (a copy, a slice or a wrapper above it drops the masks). "
+                    "Warned once per model",
+                    MissingActionMasksWarning,
+                    stacklevel=2,
+                )
         observation = without_masks(observation)
         # (obs, info) from a Gym reset: upstream's predict raises its own error for it.
         gym_pair = isinstance(observation, tuple) and len(observation) == 2 and isinstance(observation[1], dict)
@@ -329,6 +355,22 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[
             n_rows = observation_rows(observation, self.observation_space)
             check_action_masks(action_masks, self.action_space, n_rows, f"{type(self).__name__}.predict")
         return super().predict(observation, state, episode_start, deterministic, action_masks=action_masks)
+
+    # Whether predict has issued its MissingActionMasksWarning (per model; not saved).
+    _warned_missing_masks: bool = False
+    # The use_masking of the model's last learn (saved with it); None before any learn.
+    trained_with_masks: bool | None = None
+
+    def _masks_in_play(self) -> bool:
+        """Whether the model acts with masks: its last ``learn`` used them, or, before any ``learn``, its env has them."""
+        if self.trained_with_masks is not None:
+            return self.trained_with_masks
+        from sb3_contrib.common.maskable.utils import is_masking_supported
+
+        return self.env is not None and is_masking_supported(self.env)
+
+    def _excluded_save_params(self) -> list[str]:
+        return [*super()._excluded_save_params(), "_warned_missing_masks"]
 
     def learn(  # type: ignore[override]
         self: SelfMaskablePPOExt,
@@ -340,6 +382,7 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[
         use_masking: bool = True,
         progress_bar: bool = False,
     ) -> SelfMaskablePPOExt:
+        self.trained_with_masks = use_masking
         return super().learn(
             total_timesteps=total_timesteps,
             callback=callback,
@@ -357,5 +400,6 @@ MultiInputPolicy = MaskablePPOExtMultiInputPolicy
 
 __all__ = [
     "MaskablePPOExt",
+    "MissingActionMasksWarning",
     "check_action_masks",
 ]

@@ -33,8 +33,9 @@ each exists:
   heartbeat (:func:`_check_storage`), with ``--max-total-trials`` counted by
   :class:`TrialBudgetCallback`; a run folder left by a failed run (or ``-optimize``'s, which holds
   no model) removed, since it would become the "latest" run that ``enjoy`` loads; for a masked
-  algorithm, envs checked for ``action_masks()`` and evaluation envs whose observations carry
-  them; ``--save-freq`` checkpoints written atomically with their VecNormalize statistics, and
+  algorithm, envs checked for ``action_masks()`` and evaluation callbacks (``--eval-freq``,
+  ``-optimize`` trials) that read the masks from the eval env; ``--save-freq`` checkpoints
+  written atomically with their VecNormalize statistics, and
   ``-i <checkpoint>`` resumed with them, with the timestep count and (with
   :class:`~sb3_ppo_ext.callbacks.KLAdaptiveLR`) the checkpoint's learning rate.
 
@@ -46,7 +47,8 @@ rl-zoo3 offers nothing to subclass or configure (their docstrings say why):
   status 2) naming the value, instead of rl-zoo3's traceback from ``eval``. The algorithm is read
   from the command line, as ``-params`` may come before ``--algo``.
 - ``rl_zoo3.utils.create_test_env`` (:func:`_masked_test_envs`): ``enjoy`` / ``record_video``
-  with a masked algorithm evaluate on observations that carry their masks.
+  with a masked algorithm step an env whose observations carry their masks
+  (:class:`sb3_ppo_ext.envs.MaskedObservations`), as their loops call ``predict(obs)`` without masks.
 - ``sys.excepthook`` (:func:`_print_settings_errors`, for our errors only): a settings or storage
   error ends the command with one ``error: ...`` paragraph and exit status 1, without a traceback.
 
@@ -176,7 +178,7 @@ def _masked_test_envs(create_test_env: Any) -> Any:
     def wrapper(env_id, *args, **kwargs):
         env = create_test_env(env_id, *args, **kwargs)
         algo = _command_line_algo(None)
-        return masked_env(env, algo, env_id, evaluation=True) if is_masked(algo) else env
+        return masked_env(env, algo, env_id, carry_masks=True) if is_masked(algo) else env
 
     setattr(wrapper, _PATCHED, True)
     return wrapper

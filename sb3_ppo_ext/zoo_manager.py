@@ -35,10 +35,13 @@ import os
 import re
 import shutil
 from collections import OrderedDict
+from collections.abc import Iterator
 from pprint import pprint
 from typing import TYPE_CHECKING, Any, cast
 
 from rl_zoo3 import exp_manager as _exp_manager
+from rl_zoo3.callbacks import TrialEvalCallback
+from sb3_contrib.common.maskable.callbacks import MaskableEvalCallback
 
 from sb3_ppo_ext import settings, zoo_support
 
@@ -210,8 +213,8 @@ class PPOExtExperimentManager(UPSTREAM):
         """
         rl-zoo3's ``-optimize``; for our algorithms on the storage from
         :func:`sb3_ppo_ext.zoo_support._check_storage` (Optuna's heartbeat), with ``--max-total-trials``
-        counted by :class:`~sb3_ppo_ext.zoo_support.TrialBudgetCallback`; a run folder without a model is
-        removed afterwards.
+        counted by :class:`~sb3_ppo_ext.zoo_support.TrialBudgetCallback`, and for a masked algorithm each
+        trial evaluated with masks (:func:`_masked_evaluation`); a run folder without a model is removed afterwards.
         """
         if not zoo_support.is_ours(self.algo):
             super().hyperparameters_optimization()
@@ -223,7 +226,10 @@ class PPOExtExperimentManager(UPSTREAM):
             _remove_run_without_model(self.save_path)
             raise
         try:
-            with zoo_support._study_storage(self.storage, storage, _exp_manager, self.max_total_trials):
+            with (
+                zoo_support._study_storage(self.storage, storage, _exp_manager, self.max_total_trials),
+                _masked_evaluation(zoo_support.is_masked(self.algo)),
+            ):
                 super().hyperparameters_optimization()
         finally:
             # setup_experiment made a run folder (monitor files only) that holds no model: left
@@ -233,15 +239,19 @@ class PPOExtExperimentManager(UPSTREAM):
     # --- envs, checkpoints and resuming -----------------------------------------------------
 
     def create_envs(self, n_envs: int, eval_env: bool = False, no_log: bool = False) -> VecEnv:
-        """rl-zoo3's envs; for a masked algorithm checked for ``action_masks()``, evaluation envs carrying them."""
+        """rl-zoo3's envs; for a masked algorithm checked for ``action_masks()`` (and left unwrapped)."""
         env = super().create_envs(n_envs, eval_env=eval_env, no_log=no_log)
         if not zoo_support.is_masked(self.algo):
             return env
-        return zoo_support.masked_env(env, self.algo, self.env_name.gym_id, evaluation=eval_env)
+        return zoo_support.masked_env(env, self.algo, self.env_name.gym_id, carry_masks=False)
 
     def create_callbacks(self) -> None:
-        """rl-zoo3's callbacks; for our algorithms its ``--save-freq`` checkpoints are atomic and save VecNormalize too."""
-        super().create_callbacks()
+        """
+        rl-zoo3's callbacks; for our algorithms its ``--save-freq`` checkpoints are atomic and save
+        VecNormalize too, and for a masked algorithm ``--eval-freq`` evaluates with masks (:func:`_masked_evaluation`).
+        """
+        with _masked_evaluation(zoo_support.is_masked(self.algo)):
+            super().create_callbacks()
         if zoo_support.is_ours(self.algo):
             self.callbacks = [_atomic_checkpoints(callback) for callback in self.callbacks]
 
@@ -273,6 +283,37 @@ class PPOExtExperimentManager(UPSTREAM):
         if zoo_support.is_ours(self.algo) and self.continue_training:
             model = cast("BaseAlgorithm", _ContinuingModel(model))
         super().learn(model)
+
+
+class MaskableTrialEvalCallback(TrialEvalCallback, MaskableEvalCallback):
+    """
+    rl-zoo3's ``TrialEvalCallback`` (an ``-optimize`` trial's evaluations, reported to Optuna for pruning)
+    whose every evaluation is sb3-contrib's ``MaskableEvalCallback``'s: with the masks read from the eval env.
+    """
+
+
+@contextlib.contextmanager
+def _masked_evaluation(masked: bool) -> Iterator[None]:
+    """
+    While rl-zoo3 builds its evaluation callbacks for a masked algorithm (``create_callbacks``, each
+    ``-optimize`` trial's ``objective``), its ``EvalCallback`` and ``TrialEvalCallback`` are sb3-contrib's
+    ``MaskableEvalCallback`` and :class:`MaskableTrialEvalCallback`, which read the masks from the eval env
+    at each step (``get_action_masks``) and pass them to ``predict``.
+
+    rl-zoo3 builds both callbacks inside those methods from the names in ``rl_zoo3.exp_manager``, with no
+    argument or attribute to choose the class: the names are set for the duration of the call and put
+    back after it. The eval env stays as rl-zoo3 builds it, so ``VecNormalize`` statistics sync with the
+    training env's and SB3's check that both envs are of one type holds.
+    """
+    if not masked:
+        yield
+        return
+    originals = _exp_manager.EvalCallback, _exp_manager.TrialEvalCallback
+    _exp_manager.EvalCallback, _exp_manager.TrialEvalCallback = MaskableEvalCallback, MaskableTrialEvalCallback
+    try:
+        yield
+    finally:
+        _exp_manager.EvalCallback, _exp_manager.TrialEvalCallback = originals
 
 
 class _ContinuingModel:

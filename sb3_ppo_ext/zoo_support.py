@@ -94,11 +94,13 @@ def is_masked(algo: str | None) -> bool:
     return is_ours(algo) and settings.ALGORITHMS[algo].masked  # type: ignore[index]
 
 
-def masked_env(env: Any, algo: str, env_id: str, evaluation: bool) -> Any:
+def masked_env(env: Any, algo: str, env_id: str, carry_masks: bool) -> Any:
     """
-    The VecEnv a masked algorithm trains or is evaluated on: ``env`` itself for training (the
-    algorithm reads the masks while collecting), and :class:`sb3_ppo_ext.envs.MaskedObservations`
-    around it for evaluation and ``enjoy``, whose loops call ``predict(obs)`` without masks.
+    ``env``, checked for ``action_masks()``, for a masked algorithm; with ``carry_masks`` (``enjoy``,
+    ``record_video``, whose loops call ``predict(obs)`` without masks), wrapped in
+    :class:`sb3_ppo_ext.envs.MaskedObservations`, outermost. Training and the evaluation callbacks read the
+    masks from the env itself (:class:`sb3_ppo_ext.zoo_manager.PPOExtExperimentManager`), so their envs are
+    not wrapped.
 
     :raises ZooConfigError: when the env provides no ``action_masks()``
     """
@@ -112,7 +114,7 @@ def masked_env(env: Any, algo: str, env_id: str, evaluation: bool) -> Any:
             "does in the entry's env_wrapper (sb3_ppo_ext.envs.ActionMaskFromInfo for an env that reports its mask in "
             "info['action_mask'], as Taxi-v4 does; sb3_contrib.common.wrappers.ActionMasker for a mask function)"
         )
-    return MaskedObservations(env) if evaluation else env
+    return MaskedObservations(env) if carry_masks else env
 
 
 def _check_storage(storage: str | None) -> Any:

@@ -25,6 +25,7 @@ from sb3_ppo_ext.envs import (
     with_masks,
     without_masks,
 )
+from sb3_ppo_ext.maskable import MissingActionMasksWarning
 
 
 def one_valid_model(**kwargs) -> MaskablePPOExt:
@@ -97,7 +98,8 @@ def test_predict_uses_the_masks_the_observation_carries():
 def test_evaluate_policy_scores_the_masked_policy_only_through_masked_observations():
     model = one_valid_model()
     masked, _ = evaluate_policy(model, MaskedObservations(make_vec_env(ONE_VALID, n_envs=1, seed=2)), n_eval_episodes=5)
-    unmasked, _ = evaluate_policy(model, make_vec_env(ONE_VALID, n_envs=1, seed=2), n_eval_episodes=5)
+    with pytest.warns(MissingActionMasksWarning):
+        unmasked, _ = evaluate_policy(model, make_vec_env(ONE_VALID, n_envs=1, seed=2), n_eval_episodes=5)
     assert masked == masked_zoo_envs.EPISODE_LENGTH
     assert unmasked < masked_zoo_envs.EPISODE_LENGTH / 2
 

@@ -5,7 +5,11 @@ In rollouts and in ``predict``.
 
 from __future__ import annotations
 
+import copy
 import io
+import pickle
+import warnings
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -13,17 +17,21 @@ import pytest
 import torch as th
 from gymnasium import spaces
 from helpers import MASK_ENVS, MASK_TINY, TINY_ONE_BATCH, ImageEnv, masked_kl_by_hand, quiet, weights
+from masked_zoo_envs import OneValidActionEnv
 from sb3_contrib import MaskablePPO
 from sb3_contrib.common.envs import InvalidActionEnvDiscrete, InvalidActionEnvMultiBinary, InvalidActionEnvMultiDiscrete
 from sb3_contrib.common.maskable.evaluation import evaluate_policy as maskable_evaluate_policy
 from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
 from stable_baselines3 import PPO
 from stable_baselines3.common.env_util import make_vec_env
-from stable_baselines3.common.vec_env import VecNormalize
+from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.vec_env import VecFrameStack, VecNormalize
 
 from sb3_ppo_ext import MaskablePPOExt, PPOExt
 from sb3_ppo_ext.callbacks import KLAdaptiveLR, ParameterScheduler, TrainingHealthGuard
 from sb3_ppo_ext.distributions import analytic_kl, torch_distributions
+from sb3_ppo_ext.envs import MaskedObservations, masks_of
+from sb3_ppo_ext.maskable import MissingActionMasksWarning
 from sb3_ppo_ext.reliability import ModelFileError
 
 
@@ -292,3 +300,110 @@ def test_maskable_predict_and_evaluation_on_channel_last_images(env_class, polic
     evaluation = MaskableEvalCallback(env_class(), eval_freq=8, n_eval_episodes=2, warn=False, verbose=0)
     quiet(model).learn(16, callback=evaluation)
     assert evaluation.last_mean_reward == 1.0
+
+
+# --- predict without masks ------------------------------------------------------------------
+
+
+class DictOneValidAction(OneValidActionEnv):
+    """OneValidAction-v0 with a Dict observation ``{"x": ...}``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.observation_space = spaces.Dict({"x": self.observation_space})
+
+    def reset(self, **kwargs):
+        obs, info = super().reset(**kwargs)
+        return {"x": obs}, info
+
+    def step(self, action):
+        obs, *rest = super().step(action)
+        return ({"x": obs}, *rest)
+
+
+@pytest.fixture(scope="module")
+def masked_model_files(tmp_path_factory) -> dict[str, Path]:
+    """Files of models trained with masks (``learn(use_masking=True)``), a Box and a Dict observation one."""
+    folder = tmp_path_factory.mktemp("masked_models")
+    for name, env, policy in (("box", OneValidActionEnv, "MlpPolicy"), ("dict", DictOneValidAction, "MultiInputPolicy")):
+        model = MaskablePPOExt(policy, make_vec_env(env, n_envs=2, seed=0), **MASK_TINY)
+        model.learn(64)
+        model.save(folder / name)
+    return {"box": folder / "box.zip", "dict": folder / "dict.zip"}
+
+
+def _missing_mask_warnings(predict) -> int:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        predict()
+    return sum(issubclass(w.category, MissingActionMasksWarning) for w in caught)
+
+
+# What users do to observations of MaskedObservations before predict: each either keeps the masks or drops them.
+BOX_OBSERVATION_CHANGES = {
+    "copy()": lambda obs: obs.copy(),
+    "[:1]": lambda obs: obs[:1],
+    "[0]": lambda obs: obs[0],
+    "* 1": lambda obs: obs * 1,
+    "astype": lambda obs: obs.astype(np.float64),
+    "np.asarray": np.asarray,
+    "copy.copy": copy.copy,
+    "copy.deepcopy": copy.deepcopy,
+    "pickle": lambda obs: pickle.loads(pickle.dumps(obs)),
+}
+DICT_OBSERVATION_CHANGES = {
+    "copy()": lambda obs: obs.copy(),
+    "dict()": dict,
+    "{**obs}": lambda obs: {**obs},
+    "copy.copy": copy.copy,
+    "copy.deepcopy": copy.deepcopy,
+    "pickle": lambda obs: pickle.loads(pickle.dumps(obs)),
+}
+
+
+@pytest.mark.parametrize(
+    "kind, change",
+    [("box", name) for name in BOX_OBSERVATION_CHANGES] + [("dict", name) for name in DICT_OBSERVATION_CHANGES],
+)
+def test_masks_that_fall_off_an_observation_are_never_dropped_silently(masked_model_files, kind: str, change: str):
+    """Observations of MaskedObservations, changed: predict acts with the masks they still carry, or warns."""
+    model = MaskablePPOExt.load(masked_model_files[kind])
+    env_class = OneValidActionEnv if kind == "box" else DictOneValidAction
+    obs = MaskedObservations(make_vec_env(env_class, n_envs=2, seed=1)).reset()
+    changed = (BOX_OBSERVATION_CHANGES if kind == "box" else DICT_OBSERVATION_CHANGES)[change](obs)
+    carried = masks_of(changed)
+    assert _missing_mask_warnings(lambda: model.predict(changed, deterministic=True)) == (carried is None)
+    if carried is not None:  # kept: the actions are the allowed ones
+        actions, _ = model.predict(changed, deterministic=True)
+        assert carried[np.arange(len(carried)), actions].all()
+
+
+@pytest.mark.parametrize("wrapper", [lambda venv: VecNormalize(venv), lambda venv: VecFrameStack(venv, 1)])
+def test_a_wrapper_above_masked_observations_makes_predict_warn(masked_model_files, wrapper):
+    model = MaskablePPOExt.load(masked_model_files["box"])
+    venv = wrapper(MaskedObservations(make_vec_env(OneValidActionEnv, n_envs=2, seed=1)))
+    assert _missing_mask_warnings(lambda: evaluate_policy(model, venv, n_eval_episodes=1)) == 1
+
+
+def test_predict_without_masks_warns_once_per_model_that_acts_with_masks(masked_model_files, tmp_path):
+    trained = MaskablePPOExt.load(masked_model_files["box"])
+    assert trained.trained_with_masks is True and trained.env is None  # saved with the model
+    obs = np.zeros((2, 1), dtype=np.float32)
+    assert _missing_mask_warnings(lambda: trained.predict(obs)) == 1
+    assert _missing_mask_warnings(lambda: trained.predict(obs)) == 0  # once per model
+    assert _missing_mask_warnings(lambda: trained.predict(obs, action_masks=np.ones((2, 8), dtype=bool))) == 0
+    trained.save(tmp_path / "again")  # that it warned is not saved
+    assert _missing_mask_warnings(lambda: MaskablePPOExt.load(tmp_path / "again").predict(obs)) == 1
+    # Before any learn: the env's masks decide.
+    assert _missing_mask_warnings(lambda: MaskablePPOExt("MlpPolicy", OneValidActionEnv(), **MASK_TINY).predict(obs)) == 1
+    unmasked_env = MaskablePPOExt("MlpPolicy", "CartPole-v1", **MASK_TINY)
+    assert _missing_mask_warnings(lambda: unmasked_env.predict(np.zeros((2, 4), dtype=np.float32))) == 0
+
+
+def test_predict_without_masks_is_silent_for_a_model_trained_without_them():
+    model = MaskablePPOExt("MlpPolicy", make_vec_env(OneValidActionEnv, n_envs=2, seed=0), **MASK_TINY)
+    model.learn(64, use_masking=False)
+    assert model.trained_with_masks is False
+    assert _missing_mask_warnings(lambda: model.predict(np.zeros((2, 1), dtype=np.float32))) == 0
+    model.learn(64)
+    assert _missing_mask_warnings(lambda: model.predict(np.zeros((2, 1), dtype=np.float32))) == 1

@@ -172,8 +172,8 @@ SUITES: dict[str, list[EnvBudget]] = {
         EnvBudget("PendulumNoVel-v1", 100_000, 20, 10_000, FAST_LSTM),
         EnvBudget("CartPoleNoVel-v1", 100_000, 10, 10_000, FAST_LSTM),
     ],
-    # Masking through the zoo (--algo ppo_mask_ext): evaluations of MaskablePPOExt are masked
-    # (sb3_ppo_ext.envs.MaskedObservations), stock PPO's are its own greedy actions.
+    # Masking through the zoo (--algo ppo_mask_ext): evaluations of MaskablePPOExt are masked (the
+    # evaluation callback reads the masks from the eval env), stock PPO's are its own greedy actions.
     "masked": [
         EnvBudget("Taxi-v4", 200_000, 5, 20_000, MASKED),
         EnvBudget("InvalidActionEnvDiscrete-v0", 20_000, 5, 2_000, MASKED),

@@ -1,6 +1,6 @@
 """MaskablePPOExt through rl-zoo3's command lines (subprocesses on OneValidAction-v0).
 
-Train, evaluate, checkpoints, continue, enjoy, optimize, all masked.
+Train, evaluate, checkpoints, continue, enjoy, optimize, all masked, with VecNormalize (``normalize:True``).
 """
 
 from __future__ import annotations
@@ -13,12 +13,14 @@ from pathlib import Path
 
 import masked_zoo_envs
 import numpy as np
+import pytest
 from helpers import REPO_ROOT
 from masked_zoo_envs import ONE_VALID
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 
 from sb3_ppo_ext import MaskablePPOExt
+from sb3_ppo_ext.maskable import MissingActionMasksWarning
 
 
 def test_train_eval_checkpoints_continue_and_enjoy_are_masked(tmp_path: Path):
@@ -31,6 +33,8 @@ def test_train_eval_checkpoints_continue_and_enjoy_are_masked(tmp_path: Path):
     stored = np.load(run / "evaluations.npz")
     assert (stored["results"] == masked_zoo_envs.EPISODE_LENGTH).all()
     assert (run / "best_model.zip").is_file() and (run / "rl_model_256_steps.zip").is_file()
+    assert (run / ONE_VALID / "vecnormalize.pkl").is_file()
+    assert "not of the same type" not in result.stderr  # SB3's EvalCallback warning: both envs are VecNormalize
 
     # -i continues the checkpoint; its evaluations are masked too.
     resumed = _zoo(
@@ -63,7 +67,8 @@ def test_train_eval_checkpoints_continue_and_enjoy_are_masked(tmp_path: Path):
 
     # The same model, evaluated without masks, scores less: the 20s above are the masks' doing.
     model = MaskablePPOExt.load(run / f"{ONE_VALID}.zip")
-    unmasked, _ = evaluate_policy(model, make_vec_env(ONE_VALID, n_envs=1, seed=0), n_eval_episodes=5)
+    with pytest.warns(MissingActionMasksWarning):
+        unmasked, _ = evaluate_policy(model, make_vec_env(ONE_VALID, n_envs=1, seed=0), n_eval_episodes=5)
     assert unmasked < masked_zoo_envs.EPISODE_LENGTH / 2
 
 
@@ -131,7 +136,8 @@ def test_the_suites_callbacks_for_masked_models_work_through_the_zoo(tmp_path: P
     assert model.num_timesteps == 256
 
 
-TINY = ["-n", "256", "--num-threads", "1", "--seed", "0", "-params", "n_envs:1", "n_steps:64", "batch_size:32"]
+TINY = ["-n", "256", "--num-threads", "1", "--seed", "0"]
+TINY += ["-params", "n_envs:1", "n_steps:64", "batch_size:32", "normalize:True"]
 
 
 def _zoo(command: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
