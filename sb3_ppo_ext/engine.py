@@ -55,8 +55,7 @@ from sb3_ppo_ext.reliability import ModelFileError
 
 # Threshold on |a| (in [-1, 1] units) above which a squashed action component counts as saturated.
 SATURATION_THRESHOLD = 0.99
-# Rows per forward pass when computing the whole rollout's distributions after an update (and before
-# it when they were not recorded during collection).
+# Rows per forward pass when computing the whole rollout's distributions, before an update (pi_old) and after it.
 DISTRIBUTION_CHUNK = 2048
 
 

@@ -159,7 +159,8 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[
     :param max_grad_norm: The maximum value for the gradient clipping
     :param rollout_buffer_class: Rollout buffer class to use. If ``None``, it will be automatically selected.
         ``None`` and upstream's own classes become their subclass in :mod:`sb3_ppo_ext.buffers`, which carries
-        ``pi_old`` with each sample (the same rollout otherwise); with a class of your own, ``pi_old`` is recomputed.
+        ``pi_old`` with each sample for the KL penalty (the same rollout otherwise); a class of your own is kept, and
+        refused with ``kl_coef > 0``.
     :param rollout_buffer_kwargs: Keyword arguments to pass to the rollout buffer on creation
     :param target_kl: Limit the KL divergence between updates (SB3's early stop), ``None`` for no limit
     :param stats_window_size: Window size for the rollout logging

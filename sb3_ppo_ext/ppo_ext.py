@@ -73,7 +73,8 @@ class PPOExt(ModelFiles, ExtUpdateEngine, PPO):
         Default: -1 (only sample at the beginning of the rollout)
     :param rollout_buffer_class: Rollout buffer class to use. If ``None``, it will be automatically selected.
         ``None`` and upstream's own classes become their subclass in :mod:`sb3_ppo_ext.buffers`, which carries
-        ``pi_old`` with each sample (the same rollout otherwise); with a class of your own, ``pi_old`` is recomputed.
+        ``pi_old`` with each sample for the KL penalty (the same rollout otherwise); a class of your own is kept, and
+        refused with ``kl_coef > 0``.
     :param rollout_buffer_kwargs: Keyword arguments to pass to the rollout buffer on creation
     :param target_kl: Limit the KL divergence between updates (SB3's early stopping on the
         per-minibatch ``approx_kl``), ``None`` for no limit
