@@ -27,6 +27,7 @@ least disturbed one. Read the ratios, not the absolute figures.
     python scripts/throughput.py --family maskable --steps 8192 --repeats 15
     python scripts/throughput.py --family recurrent --n-steps 128 --batch-size 128 --steps 4096 --repeats 9
     python scripts/throughput.py --workload hopper --steps 4096 --repeats 9   # rl-zoo3's Hopper settings
+    python scripts/throughput.py --workload hopper-batched --envs-and-batch 256 8192 --steps 65536 --repeats 5
     python scripts/throughput.py --workload hopper --steps 4096 --repeats 9 \\
         --variants "PPOExt, fast" "SBX PPO" --warm-model   # SBX's PPO as a reference (pip install sbx-rl)
 
@@ -305,6 +306,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--workload", choices=sorted(WORKLOADS), help="rl-zoo3's settings for an env (sets the family, env, envs and settings)"
     )
+    parser.add_argument(
+        "--envs-and-batch",
+        nargs=2,
+        type=int,
+        metavar=("N_ENVS", "BATCH_SIZE"),
+        help="with --workload: that workload's settings at another number of envs and minibatch size",
+    )
     parser.add_argument("--env", default=None, help="env id (default: the family's)")
     parser.add_argument("--steps", type=int, default=20_000, help="env steps per timed run (keep runs short, repeats many)")
     parser.add_argument("--n-envs", type=int, default=4)
@@ -331,6 +339,9 @@ def main(argv: list[str] | None = None) -> dict:
     normalize = False
     if args.workload:
         args.family, args.env, args.n_envs, normalize, hyperparams = WORKLOADS[args.workload]
+        if args.envs_and_batch:
+            args.n_envs, batch_size = args.envs_and_batch
+            hyperparams = dict(hyperparams, batch_size=batch_size)
 
     variants, policy, default_env = FAMILIES[args.family]
     if args.variants:
