@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import os
 import weakref
+from typing import NamedTuple
 
 import torch as th
 from torch.optim import optimizer as torch_optimizer
@@ -234,9 +235,18 @@ def _same_bits(a: th.Tensor, b: th.Tensor) -> bool:
     return th.equal(a, b)
 
 
-# Each optimizer's flat layouts by parameter group index: (group, layout), or (group, None, state, parameters,
-# step counters) where a layout was refused for those.
-_FLAT_GROUPS: weakref.WeakKeyDictionary[th.optim.Optimizer, dict[int, tuple]] = weakref.WeakKeyDictionary()
+class _Layout(NamedTuple):
+    """A parameter group's flat layout (``flat``), or why it has none: refused for these parameters and step counters."""
+
+    group: dict
+    flat: FlatAdamGroup | None
+    state: dict | None = None
+    params: list[th.Tensor] | None = None
+    steps: list | None = None
+
+
+# Each optimizer's flat layouts by parameter group index.
+_FLAT_GROUPS: weakref.WeakKeyDictionary[th.optim.Optimizer, dict[int, _Layout]] = weakref.WeakKeyDictionary()
 
 
 class OptimizerStep:
@@ -349,22 +359,22 @@ class OptimizerStep:
         state, layouts = self.optimizer.state, self._layouts
         entry = layouts.get(index)
         if entry is not None:
-            if entry[1] is not None:
-                if entry[0] is group and entry[1].intact(params, state):
-                    return entry[1]
+            if entry.flat is not None:
+                if entry.group is group and entry.flat.intact(params, state):
+                    return entry.flat
                 del layouts[index]
                 return None
             # refused for these parameters and step counters (different counts stay different): not tried again
-            if entry[0] is group and entry[2] is state and _same_objects(entry[3], params):
-                if _same_objects(entry[4], [state[p].get("step") for p in params]):
+            if entry.group is group and entry.state is state and _same_objects(entry.params or [], params):
+                if _same_objects(entry.steps or [], [state[p].get("step") for p in params]):
                     return None
         if not FlatAdamGroup.layout_possible(params, state) or not flat_adam_is_exact(
             tuple(p.numel() for p in params), params[0].dtype, params[0].device
         ):
-            layouts[index] = (group, None, state, params, [state[p].get("step") for p in params])
+            layouts[index] = _Layout(group, None, state, params, [state[p].get("step") for p in params])
             return None
         flat = FlatAdamGroup(params, state)
-        layouts[index] = (group, flat)
+        layouts[index] = _Layout(group, flat)
         return flat
 
 

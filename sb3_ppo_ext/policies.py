@@ -6,7 +6,7 @@ import contextlib
 import math
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch as th
@@ -282,6 +282,25 @@ class TensorSnapshot:
         return self.tensor.data_ptr() == self.pointer and self.array.tobytes() == self.contents
 
 
+class _StepScale(NamedTuple):
+    """The state-independent Gaussian's scale at a rollout step's shape, and its log-probability terms."""
+
+    shape: th.Size
+    log_std: TensorSnapshot
+    """``log_std`` when they were computed"""
+    scale: th.Tensor
+    terms: tuple[th.Tensor, th.Tensor]
+
+
+class _ArrayHead(NamedTuple):
+    """What the fast mode's NumPy step of a Gaussian head needs at every step of a collection."""
+
+    log_std: TensorSnapshot
+    """``log_std`` when they were computed"""
+    scale: np.ndarray
+    constant: float
+
+
 class _Addmm(tuple):
     """``(bias, weight.t())`` of an ``nn.Linear``: ``F.linear`` of a 2-D input is ``addmm(bias, input, weight.t())``."""
 
@@ -335,7 +354,7 @@ class ActingPlan:
         self._pointers = [t.data_ptr() for t in self.tensors]
         self._torch: tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]] | None = None
         #: what the policy's head computes once per collection for the torch step (``PPOExtActorCriticPolicy._step_scale``)
-        self.head: Any = None
+        self.head: _StepScale | None = None
 
     def _built(self) -> tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]:
         """The torch step's layers (:func:`_addmm_step`), built on the first step."""
@@ -452,7 +471,7 @@ class ArrayPlan:
         self.vf = tuple(_array_step(step) for step in plan.vf)
         self.action, self.value = _array_step(plan.action), _array_step(plan.value)
         #: what the policy's head needs at every step of this collection, computed once by the policy
-        self.head: Any = None
+        self.head: _ArrayHead | None = None
 
     @classmethod
     def of(cls, plan: ActingPlan) -> ArrayPlan | None:
@@ -937,10 +956,10 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         if plan is None or th.is_grad_enabled() or log_std.device.type != "cpu":
             return log_std.exp().expand_as(head), None
         cached = plan.head
-        if cached is None or cached[0] != head.shape or not cached[1].unchanged():
+        if cached is None or cached.shape != head.shape or not cached.log_std.unchanged():
             scale = log_std.exp().expand_as(head)
-            cached = plan.head = (head.shape, TensorSnapshot(log_std), scale, gaussian_scale_terms(scale))
-        return cached[2], cached[3]
+            cached = plan.head = _StepScale(head.shape, TensorSnapshot(log_std), scale, gaussian_scale_terms(scale))
+        return cached.scale, cached.terms
 
     def _array_forward(self, obs: PyTorchObs, deterministic: bool) -> tuple[th.Tensor, th.Tensor, th.Tensor] | None:
         """
@@ -955,19 +974,16 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         arrays = plan.arrays()
         if arrays is None:
             return None
-        if arrays.head is None or not arrays.head[0].unchanged():  # once per collection, unless log_std changes
+        head = arrays.head
+        if head is None or not head.log_std.unchanged():  # once per collection, unless log_std changes
             snapshot = TensorSnapshot(self.log_std)
             log_half_range_sum = self._log_half_range_sum if self.squash_output else None
             constant = gaussian_log_prob_constant(snapshot.array, log_half_range_sum)
-            arrays.head = (snapshot, np.exp(snapshot.array), constant, th.empty(0))
-        snapshot, scale, constant, scales = arrays.head
+            head = arrays.head = _ArrayHead(snapshot, np.exp(snapshot.array), constant)
         values, mean = arrays.step(cast(th.Tensor, obs))
-        if scales.shape != mean.shape:
-            scales = th.from_numpy(scale).expand(mean.shape)
-            arrays.head = (snapshot, scale, constant, scales)
         # torch's draw, as the default step's: th.randn is empty(...).normal_()
         noise = None if deterministic else th.randn(mean.shape).numpy()
-        actions, log_prob = gaussian_step_from_noise(mean, scale, noise, constant, self.squash_output)
+        actions, log_prob = gaussian_step_from_noise(mean, head.scale, noise, head.constant, self.squash_output)
         log_prob_tensor = th.from_numpy(log_prob)
         if math.isfinite(log_prob.sum()):  # else forward's check raises
             self.__dict__["_finite_log_prob"] = log_prob_tensor

@@ -309,11 +309,11 @@ def _masked_evaluation(masked: bool) -> Iterator[None]:
         yield
         return
     originals = _exp_manager.EvalCallback, _exp_manager.TrialEvalCallback
-    _exp_manager.EvalCallback, _exp_manager.TrialEvalCallback = MaskableEvalCallback, MaskableTrialEvalCallback
+    _exp_manager.EvalCallback, _exp_manager.TrialEvalCallback = MaskableEvalCallback, MaskableTrialEvalCallback  # type: ignore[misc]
     try:
         yield
     finally:
-        _exp_manager.EvalCallback, _exp_manager.TrialEvalCallback = originals
+        _exp_manager.EvalCallback, _exp_manager.TrialEvalCallback = originals  # type: ignore[misc]
 
 
 class _ContinuingModel:

@@ -61,4 +61,4 @@ def test_each_speed_workload_trains_bit_for_bit_like_upstream(workload):
         assert upstream.logger.name_to_value[key] == ext.logger.name_to_value[key], key
     # the lean optimizer step was taken: Adam's state in flat buffers (the last update's layout)
     layouts = optim._FLAT_GROUPS.get(ext.policy.optimizer, {})
-    assert any(entry[1] is not None for entry in layouts.values())
+    assert any(entry.flat is not None for entry in layouts.values())
