@@ -40,7 +40,7 @@ from stable_baselines3.common.utils import FloatSchedule, update_learning_rate
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppo_ext.parameters import SCHEDULE_KEYS, is_integer_parameter, scheduled_value_problem
-from sb3_ppo_ext.reliability import non_finite_entries, save_model_atomically, save_vec_normalize_atomically
+from sb3_ppo_ext.reliability import non_finite_entries, save_checkpoint
 from sb3_ppo_ext.schedules import ParameterSchedule  # re-exported: ``from sb3_ppo_ext.callbacks import ParameterSchedule``
 from sb3_ppo_ext.validation import (
     InvalidSettingError,
@@ -536,18 +536,12 @@ class TrainingHealthGuard(_AfterUpdateCallback):
                 stacklevel=3,
             )
             return
-        os.makedirs(folder, exist_ok=True)
-        # Atomic writes (statistics first), so a crash while stopping never leaves a broken "last good" file.
-        vec_normalize = self.model.get_vec_normalize_env()
-        if vec_normalize is not None:
-            self.vec_normalize_path = os.path.join(
-                folder, f"{self.name_prefix}_vecnormalize_{self.model.num_timesteps}_steps.pkl"
-            )
-            save_vec_normalize_atomically(vec_normalize, self.vec_normalize_path)
-        self.checkpoint_path = os.path.join(folder, f"{self.name_prefix}_{self.model.num_timesteps}_steps.zip")
-        save_model_atomically(self.model, self.checkpoint_path)
-        if self.verbose >= 1:
-            print(f"TrainingHealthGuard: saved the last good model to {self.checkpoint_path}")
+        checkpoint = save_checkpoint(self.model, folder, self.name_prefix)  # atomic, statistics first
+        if checkpoint is not None:
+            self.checkpoint_path = str(checkpoint.model_path)
+            self.vec_normalize_path = None if checkpoint.vec_normalize_path is None else str(checkpoint.vec_normalize_path)
+            if self.verbose >= 1:
+                print(f"TrainingHealthGuard: saved the last good model to {self.checkpoint_path}")
 
     def _on_step(self) -> bool:
         if self._stop_pending:
