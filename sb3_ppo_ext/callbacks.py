@@ -40,7 +40,7 @@ from stable_baselines3.common.utils import FloatSchedule, update_learning_rate
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppo_ext.parameters import SCHEDULE_KEYS, is_integer_parameter, scheduled_value_problem
-from sb3_ppo_ext.reliability import non_finite_entries, save_model_atomically, save_vec_normalize_atomically
+from sb3_ppo_ext.reliability import model_state_problems, non_finite_entries, save_checkpoint
 from sb3_ppo_ext.schedules import ParameterSchedule  # re-exported: ``from sb3_ppo_ext.callbacks import ParameterSchedule``
 from sb3_ppo_ext.validation import (
     InvalidSettingError,
@@ -362,8 +362,6 @@ class ParameterScheduler(BaseCallback):
         return True
 
 
-# Model attributes an update adapts (PPOExt's beta, KLAdaptiveLR's rate): restored with the weights by a stop.
-ADAPTED_ATTRIBUTES = ("current_kl_coef", "learning_rate", "lr_schedule")
 HEALTH_CONDITIONS = ("non_finite", "kl", "entropy", "clip_fraction", "value_loss")
 HEALTH_RESPONSES = ("log", "warn", "stop")
 DEFAULT_RESPONSES = {"non_finite": "stop", "kl": "warn", "entropy": "warn", "clip_fraction": "warn", "value_loss": "warn"}
@@ -375,7 +373,7 @@ class TrainingHealthWarning(RuntimeWarning):
 
 class TrainingHealthGuard(_AfterUpdateCallback):
     """
-    Watches a run for signs it has gone bad and logs, warns, or saves the last good model and stops.
+    Watches a run for signs it has gone bad and logs, warns, or saves the model and stops.
 
     Conditions (keys of ``responses``):
 
@@ -393,16 +391,17 @@ class TrainingHealthGuard(_AfterUpdateCallback):
       previous ``value_loss_window`` updates' value losses.
 
     Responses: ``log`` records ``health/<condition>`` (the offending value) and a logger info line;
-    ``warn`` also warns a :class:`TrainingHealthWarning`; ``stop`` also restores the policy, the
-    optimizer, any ``VecNormalize`` statistics and the adapted values (PPOExt's beta
-    ``current_kl_coef``, ``learning_rate`` / ``lr_schedule``) to the last good state (kept in
-    memory after every update whose parameters are finite, and at the start of training), so that
-    nothing the bad update produced is kept; it then saves the model to
-    ``<save_path>/<name_prefix>_<timesteps>_steps.zip`` (:attr:`checkpoint_path`) and the
-    ``VecNormalize`` statistics next to it (:attr:`vec_normalize_path`), and stops ``learn``.
-    Checks done after an update stop at the first step of the next rollout.
-    PPOExt also raises :class:`sb3_ppo_ext.engine.NonFiniteLossError` from ``train()`` before a
-    non-finite loss reaches the parameters; the step checks stop most such runs before that.
+    ``warn`` also warns a :class:`TrainingHealthWarning`; ``stop`` also saves the model and stops ``learn``.
+    The step checks stop before ``train()`` sees the bad step, so the model saved then is the last good update's,
+    with the ``VecNormalize`` statistics as that update left them (the bad step had already reached them: the guard
+    keeps a copy of the statistics at each rollout start, never of the policy or the optimizer). The checks after an
+    update stop at the first step of the next rollout and save the model as that update left it; to keep the state
+    before each update, run :class:`sb3_ppo_ext.reliability.AtomicCheckpointCallback` with ``save_freq=n_steps``
+    beside the guard. The save (:func:`sb3_ppo_ext.reliability.save_checkpoint`) writes
+    ``<save_path>/<name_prefix>_<timesteps>_steps.zip`` (:attr:`checkpoint_path`) after the ``VecNormalize``
+    statistics (:attr:`vec_normalize_path`), atomically. An update that left NaN / inf weights (stock PPO or A2C on
+    NaN losses; PPOExt raises :class:`sb3_ppo_ext.engine.NonFiniteLossError` from ``train()`` before a non-finite
+    loss reaches the weights) leaves nothing to save or to act with: a stop then raises ``FloatingPointError``.
 
     :param responses: Condition to ``log``, ``warn`` or ``stop``, merged over the defaults
         (``non_finite``: ``stop``, all others: ``warn``)
@@ -466,7 +465,7 @@ class TrainingHealthGuard(_AfterUpdateCallback):
         self._value_losses: deque[float] = deque(maxlen=value_loss_window)
         #: The VecNormalize statistics saved by a stop, if the training env is normalised.
         self.vec_normalize_path: str | None = None
-        self._last_good: dict[str, Any] | None = None
+        self._statistics: dict[str, Any] = {}
 
     def _init_callback(self) -> None:
         super()._init_callback()
@@ -478,38 +477,15 @@ class TrainingHealthGuard(_AfterUpdateCallback):
                     self._kl_target = float(value)
                     break
         self._stop_pending = False
-        self._remember_good_state()
 
-    def _remember_good_state(self) -> None:
-        policy = self.model.policy
+    def _check_update(self) -> None:
+        # Between rollouts: keep the VecNormalize statistics, which a bad step reaches before the guard sees it.
         vec_normalize = self.model.get_vec_normalize_env()
-        self._last_good = {
-            "policy": copy.deepcopy(policy.state_dict()),
-            "optimizer": copy.deepcopy(policy.optimizer.state_dict()),
-            # The statistics VecNormalize keeps: with norm_obs=False it has no obs_rms.
-            "vec_normalize": None
-            if vec_normalize is None
-            else {
-                name: copy.deepcopy(getattr(vec_normalize, name))
-                for name in ("obs_rms", "ret_rms")
-                if hasattr(vec_normalize, name)
-            },
-            "attributes": {
-                name: copy.deepcopy(getattr(self.model, name)) for name in ADAPTED_ATTRIBUTES if hasattr(self.model, name)
-            },
+        names = ("obs_rms", "ret_rms") if vec_normalize is not None else ()  # without norm_obs there is no obs_rms
+        self._statistics = {
+            name: copy.deepcopy(getattr(vec_normalize, name)) for name in names if hasattr(vec_normalize, name)
         }
-
-    def _restore_good_state(self) -> None:
-        if self._last_good is None:
-            return
-        self.model.policy.load_state_dict(self._last_good["policy"])
-        self.model.policy.optimizer.load_state_dict(self._last_good["optimizer"])
-        vec_normalize = self.model.get_vec_normalize_env()
-        if vec_normalize is not None and self._last_good["vec_normalize"] is not None:
-            for name, statistics in copy.deepcopy(self._last_good["vec_normalize"]).items():
-                setattr(vec_normalize, name, statistics)
-        for name, value in self._last_good["attributes"].items():
-            setattr(self.model, name, copy.deepcopy(value))
+        super()._check_update()
 
     def _trigger(self, condition: str, value: float, message: str) -> None:
         response = self.responses[condition]
@@ -527,7 +503,16 @@ class TrainingHealthGuard(_AfterUpdateCallback):
     def _stop(self, condition: str) -> None:
         self._stop_pending = True
         self.stopped_by = condition
-        self._restore_good_state()
+        vec_normalize = self.model.get_vec_normalize_env()
+        for name, statistics in self._statistics.items():
+            setattr(vec_normalize, name, statistics)
+        problems = model_state_problems(self.model)
+        if problems:  # an update on NaN losses (stock PPO, A2C): the next action needs those weights
+            raise FloatingPointError(
+                f"TrainingHealthGuard at {self.model.num_timesteps} steps: {'; '.join(problems)} after the update, "
+                "nothing to save or to train on; resume from the newest checkpoint of AtomicCheckpointCallback "
+                "(sb3_ppo_ext.reliability.resume)"
+            )
         folder = self.save_path or self.logger.get_dir()
         if folder is None:
             warnings.warn(
@@ -536,50 +521,41 @@ class TrainingHealthGuard(_AfterUpdateCallback):
                 stacklevel=3,
             )
             return
-        os.makedirs(folder, exist_ok=True)
-        # Atomic writes (statistics first), so a crash while stopping never leaves a broken "last good" file.
-        vec_normalize = self.model.get_vec_normalize_env()
-        if vec_normalize is not None:
-            self.vec_normalize_path = os.path.join(
-                folder, f"{self.name_prefix}_vecnormalize_{self.model.num_timesteps}_steps.pkl"
-            )
-            save_vec_normalize_atomically(vec_normalize, self.vec_normalize_path)
-        self.checkpoint_path = os.path.join(folder, f"{self.name_prefix}_{self.model.num_timesteps}_steps.zip")
-        save_model_atomically(self.model, self.checkpoint_path)
+        checkpoint = save_checkpoint(self.model, folder, self.name_prefix)
+        assert checkpoint is not None  # its state is finite
+        self.checkpoint_path = str(checkpoint.model_path)
+        self.vec_normalize_path = None if checkpoint.vec_normalize_path is None else str(checkpoint.vec_normalize_path)
         if self.verbose >= 1:
-            print(f"TrainingHealthGuard: saved the last good model to {self.checkpoint_path}")
+            print(f"TrainingHealthGuard: saved the model to {self.checkpoint_path}")
 
     def _on_step(self) -> bool:
-        if self._stop_pending:
-            return False
-        infos = self.locals.get("infos") or []
-        terminal = [info.get("terminal_observation") for info in infos]
-        for what in ("new_obs", "rewards", "values"):
-            if not _all_finite(self.locals.get(what)):
-                self._trigger("non_finite", float("nan"), f"non-finite {what} from the environment or policy")
-                break
-        else:
-            if not all(_all_finite(obs) for obs in terminal):
-                self._trigger("non_finite", float("nan"), "non-finite terminal observation")
         if not self._stop_pending:
-            overflow = self._overflow()
-            if overflow is not None:
-                self._trigger("non_finite", *overflow)
+            problem = self._step_problem()
+            if problem is not None:
+                self._trigger("non_finite", *problem)
         return not self._stop_pending
 
-    def _overflow(self) -> tuple[float, str] | None:
+    def _step_problem(self) -> tuple[float, str] | None:
         """
-        Finite rewards or value predictions large enough to overflow the update's float32 losses.
+        NaN / inf in the step's observations (terminal ones included), rewards or value predictions, or finite rewards
+        and value predictions large enough to overflow the update's float32 losses.
 
         A return is at most ``max|reward| * horizon + max|value|`` (``horizon``: ``n_steps``, or
         ``1 / (1 - gamma)`` when shorter); the value loss and the advantage normalisation sum
         squares of such numbers over a minibatch, which overflow once that bound squared, times
         the minibatch size, exceeds float32's maximum.
         """
+        if not _all_finite(self.locals.get("new_obs")):
+            return float("nan"), "non-finite new_obs from the environment or policy"
         rewards = np.abs(np.asarray(self.locals.get("rewards", 0.0), dtype=np.float64))
         values = self.locals.get("values")
-        reward = float(rewards.max()) if rewards.size else 0.0
+        reward = float(rewards.max()) if rewards.size else 0.0  # NaN if any is NaN
         value = float(th.abs(values).max()) if isinstance(values, th.Tensor) and values.numel() else 0.0
+        for what, largest in (("rewards", reward), ("values", value)):
+            if not math.isfinite(largest):
+                return float("nan"), f"non-finite {what} from the environment or policy"
+        if not all(_all_finite(info.get("terminal_observation")) for info in self.locals.get("infos") or []):
+            return float("nan"), "non-finite terminal observation"
         gamma = float(getattr(self.model, "gamma", 0.99))
         n_steps = int(getattr(self.model, "n_steps", 1))
         horizon = n_steps if gamma >= 1.0 else min(n_steps, 1.0 / (1.0 - gamma))
@@ -628,8 +604,6 @@ class TrainingHealthGuard(_AfterUpdateCallback):
                         f"train/value_loss {value_loss:.4g} > {self.value_loss_factor:g} x recent mean {reference:.4g}",
                     )
             self._value_losses.append(float(value_loss))
-        if finite_params and not self._stop_pending:
-            self._remember_good_state()
 
 
 class ActionMonitor(BaseCallback):

@@ -31,6 +31,7 @@ from sb3_ppo_ext.callbacks import (
     TrainingHealthGuard,
     TrainingHealthWarning,
 )
+from sb3_ppo_ext.reliability import AtomicCheckpointCallback, resume
 
 th.set_num_threads(1)
 
@@ -237,6 +238,30 @@ def test_guard_stops_on_nan_observations_and_leaves_a_loadable_checkpoint(algo, 
     assert actions.shape == (4, 2) and np.isfinite(actions).all()
 
 
+class TerminalNanEnv(StepEnv):
+    """StepEnv whose last observation of each episode (the one DummyVecEnv keeps as ``terminal_observation``) is NaN."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return (np.full(3, np.nan, np.float32) if truncated else obs), reward, terminated, truncated, info
+
+
+@pytest.mark.parametrize(
+    "make_env, steps, message",
+    [
+        (lambda: StepEnv(nan_after=5), 5, "non-finite new_obs"),
+        (lambda: StepEnv(reward=float("nan")), 1, "non-finite rewards"),
+        (TerminalNanEnv, 8, "non-finite terminal observation"),
+    ],
+)
+def test_guard_names_what_is_non_finite_at_the_step_it_comes(make_env, steps, message, tmp_path):
+    guard = TrainingHealthGuard(save_path=str(tmp_path))
+    model = quiet(PPOExt("MlpPolicy", make_env(), **PPO_TINY))
+    with pytest.warns(TrainingHealthWarning, match=message):
+        model.learn(64, callback=guard)
+    assert model.num_timesteps == steps and [condition for _, condition, _ in guard.events] == ["non_finite"]
+
+
 def test_guard_checkpoint_keeps_finite_vec_normalize_statistics(tmp_path):
     """The NaN observation reaches VecNormalize's running mean first; the saved statistics are the last good ones."""
     env = VecNormalize(DummyVecEnv([lambda: StepEnv(nan_after=70)]))
@@ -255,8 +280,9 @@ def test_guard_checkpoint_keeps_finite_vec_normalize_statistics(tmp_path):
 
 
 @pytest.mark.parametrize("algo", PPO_ALGOS)
-def test_guard_rolls_back_after_a_bad_update(algo, tmp_path):
-    """An update that leaves NaN parameters: the guard restores the state before it, saves it and stops."""
+def test_guard_never_saves_non_finite_weights_and_a_checkpoint_keeps_the_state_before_the_update(algo, tmp_path):
+    """An update that leaves NaN weights: the guard raises and saves nothing; AtomicCheckpointCallback(save_freq=n_steps)
+    beside it holds the state from before that update."""
     model = quiet(algo("MlpPolicy", StepEnv(), **tiny(algo)))
     snapshots = []
 
@@ -267,12 +293,17 @@ def test_guard_rolls_back_after_a_bad_update(algo, tmp_path):
                 next(m.policy.parameters()).fill_(float("nan"))
 
     spy_updates(model, poison)
-    guard = TrainingHealthGuard(save_path=str(tmp_path), name_prefix="good")
-    with pytest.warns(TrainingHealthWarning, match="non-finite policy parameters"):
-        model.learn(10 * 32, callback=guard)
-    assert guard.stopped_by == "non_finite" and model.num_timesteps == 2 * 32 + 1
-    loaded = algo.load(guard.checkpoint_path)
-    for restored, good in zip(loaded.policy.parameters(), snapshots[0], strict=True):
+    guard = TrainingHealthGuard(save_path=str(tmp_path / "guard"))
+    checkpoints = AtomicCheckpointCallback(save_freq=32, save_path=str(tmp_path / "checkpoints"))
+    with (
+        pytest.warns(TrainingHealthWarning, match="non-finite policy parameters"),
+        pytest.raises(FloatingPointError, match=r"at 64 steps: non-finite weights .* nothing to save .*AtomicCheckpoint"),
+    ):
+        model.learn(10 * 32, callback=[checkpoints, guard])
+    assert guard.stopped_by == "non_finite" and guard.checkpoint_path is None and not (tmp_path / "guard").exists()
+    before = resume(algo, tmp_path / "checkpoints", DummyVecEnv([StepEnv]))
+    assert before.num_timesteps == 64
+    for restored, good in zip(before.policy.parameters(), snapshots[0], strict=True):
         assert th.equal(restored, good)
 
 
@@ -297,9 +328,10 @@ def test_guard_conditions_log_warn_and_stop(algo, tmp_path):
     assert {type(w.message) for w in caught} == {TrainingHealthWarning}
     assert len(caught) == 2  # "log" only logs
     assert guard.stopped_by == "entropy"
-    # The first update's entropy already "collapsed": the good state is the one before it.
-    for restored, good in zip(algo.load(guard.checkpoint_path).policy.parameters(), initial, strict=True):
-        assert th.equal(restored, good)
+    # The first update's entropy already "collapsed": the model saved is the one that update left.
+    saved = algo.load(guard.checkpoint_path).policy.parameters()
+    assert all(th.equal(p, q) for p, q in zip(saved, model.policy.parameters(), strict=True))
+    assert not all(th.equal(p, q) for p, q in zip(model.policy.parameters(), initial, strict=True))
 
 
 def test_guard_value_loss_explosion():
@@ -550,18 +582,20 @@ def test_health_guard_stops_before_overflowing_rewards_reach_an_update(tmp_path:
     assert all(th.equal(p, q) for p, q in zip(saved.policy.parameters(), good, strict=True))
 
 
-def test_health_guard_stop_keeps_the_beta_from_before_the_bad_update(tmp_path: Path):
-    from sb3_ppo_ext.callbacks import TrainingHealthGuard, TrainingHealthWarning
-
-    reference = PPOExt("MlpPolicy", pendulum_vec_env(), kl_coef=1.0, kl_target=1e-9, **TINY_ONE_BATCH)
-    reference.learn(32)
-    assert reference.current_kl_coef != 1.0  # one update adapts beta
+def test_health_guard_stop_saves_one_state_and_a_checkpoint_keeps_the_one_before(tmp_path: Path):
+    """A stop after an update (here the KL check) saves weights, beta and rate of that one state; the checkpoint of
+    AtomicCheckpointCallback(save_freq=n_steps) before it has the state from before that update."""
     model = PPOExt("MlpPolicy", pendulum_vec_env(), kl_coef=1.0, kl_target=1e-9, **TINY_ONE_BATCH)
-    guard = TrainingHealthGuard(responses={"kl": "stop"}, kl_target=1e-9, kl_limit=1.0, save_path=str(tmp_path))
+    guard = TrainingHealthGuard(responses={"kl": "stop"}, kl_target=1e-9, kl_limit=1.0, save_path=str(tmp_path / "guard"))
+    checkpoints = AtomicCheckpointCallback(save_freq=32, save_path=str(tmp_path / "checkpoints"))
     with pytest.warns(TrainingHealthWarning, match="train/kl"):
-        model.learn(128, callback=guard)
-    assert guard.stopped_by == "kl" and model.current_kl_coef == 1.0
-    assert PPOExt.load(guard.checkpoint_path, device="cpu").current_kl_coef == 1.0
+        model.learn(128, callback=[checkpoints, guard])
+    assert guard.stopped_by == "kl" and model.current_kl_coef != 1.0  # the flagged update adapted beta
+    saved = PPOExt.load(guard.checkpoint_path, device="cpu")
+    assert (saved.current_kl_coef, saved.learning_rate) == (model.current_kl_coef, model.learning_rate)
+    assert all(th.equal(p, q) for p, q in zip(saved.policy.parameters(), model.policy.parameters(), strict=True))
+    before = resume(PPOExt, tmp_path / "checkpoints", pendulum_vec_env(), device="cpu")
+    assert before.num_timesteps == 32 and before.current_kl_coef == 1.0
 
 
 def test_parameter_scheduler_sets_the_beta_of_a_fixed_penalty_and_refuses_an_adaptive_one():
