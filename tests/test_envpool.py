@@ -154,3 +154,75 @@ def test_missing_envpool_names_the_extra(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setitem(sys.modules, "envpool", None)  # what `import envpool` sees when it is not installed
     with pytest.raises(ImportError, match=r'^EnvPool is not installed: pip install "sb3-ppo-ext\[envpool\]"$'):
         EnvPoolVecEnv("Hopper-v5", 1)
+
+
+# --- the rl-zoo3 route (in this process; the command lines are in tests/integration/test_zoo_envpool.py) ------------
+
+
+def _manager(folder, **kwargs):
+    """rl-zoo3's ExperimentManager for ppo_ext on Hopper-v5 with the shipped EnvPool entries (the package's subclass)."""
+    import argparse
+
+    import rl_zoo3.exp_manager
+
+    from sb3_ppo_ext import zoo
+
+    zoo.register()
+    options = dict(config="sb3_ppo_ext.hyperparams.envpool", seed=3, verbose=0, **kwargs)
+    return rl_zoo3.exp_manager.ExperimentManager(argparse.Namespace(), "ppo_ext", "Hopper-v5", str(folder), **options)
+
+
+def test_zoo_trains_on_envpool_and_evaluates_on_gymnasium(tmp_path):
+    from stable_baselines3.common.vec_env import unwrap_vec_normalize
+
+    manager = _manager(tmp_path, hyperparams={"n_envs": 8}, eval_freq=64)
+    model, saved = manager.setup_experiment()
+    assert saved["env_backend"] == "envpool" and "env_backend" not in manager._hyperparams  # read, not passed to PPOExt
+    training = model.get_env()
+    assert isinstance(training, VecNormalize) and isinstance(training.venv, EnvPoolVecEnv) and training.num_envs == 8
+    assert (model.n_steps, model.batch_size, model.policy.squash_output) == (64, 512, False)
+    (evaluation,) = [callback for callback in manager.callbacks if isinstance(callback, EvalCallback)]
+    assert isinstance(unwrap_vec_normalize(evaluation.eval_env).venv, DummyVecEnv)  # gymnasium's own Hopper-v5
+    assert evaluation.eval_env.envs[0].unwrapped.__class__.__module__.startswith("gymnasium.envs.mujoco")
+    # The pool is seeded with --seed, as rl-zoo3 seeds its DummyVecEnv: env i gets seed + i.
+    seeded = EnvPoolVecEnv("Hopper-v5", 8, seed=3).reset()
+    np.testing.assert_array_equal(training.venv.reset(), seeded)
+
+
+def test_zoo_env_backend_gymnasium_runs_the_same_entry_on_gymnasium(tmp_path):
+    manager = _manager(tmp_path, hyperparams={"n_envs": 8, "env_backend": "gymnasium"})
+    model, saved = manager.setup_experiment()
+    assert saved["env_backend"] == "gymnasium" and isinstance(model.get_env().venv, DummyVecEnv)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            dict(hyperparams={"env_backend": "envpol"}),
+            r"in -params: 'env_backend: 'envpol'' is invalid: expected one of gymnasium, envpool",
+        ),
+        (dict(vec_env_type="subproc"), r"--vec-env SubprocVecEnv does not apply to env_backend: envpool"),
+        (
+            dict(hyperparams={"env_wrapper": "gymnasium.wrappers.ClipAction"}),
+            r"env_wrapper does not apply to env_backend: envpool",
+        ),
+    ],
+)
+def test_zoo_settings_envpool_cannot_take_are_errors(tmp_path, kwargs, message):
+    from sb3_ppo_ext.zoo import ZooConfigError
+
+    with pytest.raises(ZooConfigError, match=message):
+        _manager(tmp_path / "logs", **kwargs).setup_experiment()
+
+
+def test_zoo_missing_envpool_is_an_error_naming_the_extra_before_any_folder(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    from sb3_ppo_ext.zoo import ZooConfigError
+
+    monkeypatch.setitem(sys.modules, "envpool", None)
+    manager = _manager(tmp_path / "logs")
+    with pytest.raises(
+        ZooConfigError, match=r'^EnvPool is not installed: pip install "sb3-ppo-ext\[envpool\]" \(the Hopper-v5 entry'
+    ):
+        manager.setup_experiment()
+    assert not (tmp_path / "logs").exists()
