@@ -11,7 +11,8 @@ on it unchanged (``VecNormalize``, ``VecMonitor``, callbacks, ``save`` / ``load`
 - EnvPool's own automatic reset (the step after an episode's end returns the reset observation with
   reward 0 and ignores the action) never happens: ended envs are reset with ``reset(env_ids)``
   right away, so every step of a rollout is a real transition;
-- ``seed(seed)`` reseeds every env (env ``i`` gets ``seed + i``, as in SB3) at the next ``reset``;
+- ``seed(seed)`` reseeds every env (env ``i`` gets ``seed + i``, as in SB3) at the next ``reset``; EnvPool
+  takes int32 seeds, so a seed is taken modulo ``2**31 - 1``;
 - actions of a float64 ``Box`` space are exposed as float32, as gymnasium's MuJoCo envs declare
   them, so a model trained here loads onto gymnasium's env of the same task (``set_env``,
   ``load(..., env=...)``) and is evaluated there.
@@ -34,6 +35,8 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnvIndices, VecEnvO
 
 INSTALL_HINT = 'pip install "sb3-ppo-ext[envpool]"'
 
+_INT32_MAX = 2**31 - 1
+
 # EnvPool's own info keys that are not per-env values of the task.
 _BOOKKEEPING_KEYS = ("env_id", "players")
 
@@ -53,7 +56,7 @@ class EnvPoolVecEnv(VecEnv):
 
     :param task: EnvPool task id, e.g. ``"Hopper-v5"`` (``envpool.list_all_envs()`` lists them)
     :param num_envs: number of environments stepped together
-    :param seed: seed of env 0; env ``i`` gets ``seed + i``
+    :param seed: seed of env 0; env ``i`` gets ``seed + i`` (modulo ``2**31 - 1``)
     :param num_threads: EnvPool's worker threads; 0 lets EnvPool choose
     :param make_kwargs: further keyword arguments of ``envpool.make_gymnasium`` (the task's own
         settings, e.g. ``reset_noise_scale=0.0``, ``max_episode_steps=500``)
@@ -80,7 +83,9 @@ class EnvPoolVecEnv(VecEnv):
         self._start = time.time()
 
     def _make_pool(self, num_envs: int, seed: int) -> Any:
-        return self._make(self.task, num_envs=num_envs, num_threads=self.num_threads, seed=int(seed), **self.make_kwargs)
+        # EnvPool takes int32 seeds; SB3 and rl-zoo3 draw seeds up to 2**32 - 1.
+        seed = int(seed) % _INT32_MAX
+        return self._make(self.task, num_envs=num_envs, num_threads=self.num_threads, seed=seed, **self.make_kwargs)
 
     def reset(self) -> VecEnvObs:
         """Reset every env; seeds given by :meth:`seed` take effect here (the pool is rebuilt with them)."""

@@ -80,6 +80,12 @@ def test_seed_reseeds_at_the_next_reset():
     # Env i is seeded seed + i, as SB3 seeds a DummyVecEnv: env 1 of seed 3 is env 0 of seed 4.
     seeded_4, seeded_3 = EnvPoolVecEnv("Hopper-v5", 1, seed=4), EnvPoolVecEnv("Hopper-v5", 2, seed=3)
     np.testing.assert_array_equal(seeded_4.reset()[0], seeded_3.reset()[1])
+    # The seeds SB3 and rl-zoo3 draw (up to 2**32 - 1) are taken modulo 2**31 - 1 (EnvPool asserts int32 seeds).
+    large = EnvPoolVecEnv("Hopper-v5", 2, seed=2**31 - 1 + 3)
+    np.testing.assert_array_equal(large.reset(), EnvPoolVecEnv("Hopper-v5", 2, seed=3).reset())
+    for seed in (2**32 - 2, None):  # None: a random seed, drawn as SB3 draws it
+        large.seed(seed)
+        assert large.reset().shape == (2, 11)
 
 
 class _RealStepsOnly(BaseCallback):
