@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from conftest import build_venv
 
 pytestmark = pytest.mark.skipif(sys.version_info < (3, 11), reason="EnvPool 1.2.5 has wheels for Python >= 3.11 only")
 
@@ -63,3 +64,19 @@ def test_missing_envpool_is_one_line_naming_the_extra_and_leaves_no_folder(tmp_p
         "-params env_backend:gymnasium trains on gymnasium's envs instead)"
     ]
     assert not (tmp_path / "logs").exists()
+
+
+def test_fresh_venv_with_the_extra_trains_on_envpool_and_enjoys(tmp_path_factory: pytest.TempPathFactory):
+    """``pip install "<repo copy>[zoo,envpool]"`` in a fresh venv: the shipped EnvPool entry trains, evaluates, enjoys."""
+    venv = build_venv(tmp_path_factory.mktemp("envpool") / "venv", "[zoo,envpool]")
+    workdir = tmp_path_factory.mktemp("envpool-run")
+    zoo = [str(venv.python), "-m", "rl_zoo3.train", "--algo", "ppo_ext", "--env", "Hopper-v5", "-f", "logs", *CONF]
+    train = [*zoo, "-n", "2048", "--eval-freq", "2048", "--eval-episodes", "1", "--seed", "0"]
+    result = subprocess.run(train, cwd=workdir, env=venv.env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Eval num_timesteps=2048" in result.stdout
+    enjoy = [str(venv.python), "-m", "rl_zoo3.enjoy", "--algo", "ppo_ext", "--env", "Hopper-v5", "-f", "logs", "-n", "200"]
+    result = subprocess.run(
+        [*enjoy, "--no-render"], cwd=workdir, env=venv.env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0 and "Mean reward" in result.stdout, result.stderr[-3000:]
