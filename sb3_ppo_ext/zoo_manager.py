@@ -162,7 +162,7 @@ class PPOExtExperimentManager(UPSTREAM):
         if not zoo_support.is_ours(self.algo):
             return super()._preprocess_hyperparams(hyperparams)
         hyperparams = dict(hyperparams)
-        self._sb3_ppo_ext_env_backend = _checked_env_backend(self, hyperparams.pop("env_backend", "gymnasium"))
+        self._sb3_ppo_ext_env_backend = _checked_env_backend(self, hyperparams.pop("env_backend", "gymnasium"), hyperparams)
         # rl-zoo3 turns clip_range / clip_range_vf into schedules and rejects None, which for
         # PPOExt means "off" (clip_range: null is the KL-penalty-only objective): keep them aside.
         switched_off: dict[str, Any] = {
@@ -296,11 +296,11 @@ class _ContinuingModel:
         return getattr(self._model, name)
 
 
-def _checked_env_backend(manager: UPSTREAM, backend: str) -> str:
+def _checked_env_backend(manager: UPSTREAM, backend: str, hyperparams: dict[str, Any]) -> str:
     """
     The entry's ``env_backend``; for ``envpool``, a :class:`~sb3_ppo_ext.zoo_support.ZooConfigError` before any
-    folder is made when EnvPool is missing or the run asks for what EnvPool's envs cannot take (gymnasium wrappers,
-    rl-zoo3's ``--vec-env subproc``).
+    folder is made when EnvPool is missing or the run asks for what EnvPool's envs cannot take (an ``env_wrapper``
+    in the settings ``hyperparams``: gymnasium wrappers; rl-zoo3's ``--vec-env subproc``).
     """
     if backend != "envpool":
         return backend
@@ -319,6 +319,11 @@ def _checked_env_backend(manager: UPSTREAM, backend: str) -> str:
             f"--vec-env {manager.vec_env_class.__name__} does not apply to env_backend: envpool (EnvPool steps its envs "
             "on its own threads); leave --vec-env out, or pass -params env_backend:gymnasium"
         )
+    if hyperparams.get("env_wrapper") is not None:
+        raise zoo_support.ZooConfigError(
+            "env_wrapper does not apply to env_backend: envpool (gymnasium wrappers cannot wrap EnvPool's envs); "
+            "use a vec_env_wrapper, or pass -params env_backend:gymnasium"
+        )
     return backend
 
 
@@ -331,18 +336,11 @@ def _envpool_env(manager: UPSTREAM, n_envs: int) -> VecEnv:
     Evaluation envs stay rl-zoo3's: gymnasium's own envs. No monitor file is written: the episode statistics come
     from the env itself (a ``VecMonitor`` here would break ``sync_envs_normalization``, which walks the training
     and evaluation wrappers in step).
-
-    :raises ZooConfigError: the entry has an ``env_wrapper`` (a gymnasium wrapper cannot wrap EnvPool's envs)
     """
     from stable_baselines3.common.vec_env import VecFrameStack
 
     from sb3_ppo_ext.envpool import EnvPoolVecEnv
 
-    if manager.env_wrapper is not None:
-        raise zoo_support.ZooConfigError(
-            "env_wrapper does not apply to env_backend: envpool (gymnasium wrappers cannot wrap EnvPool's envs); "
-            "use a vec_env_wrapper, or pass -params env_backend:gymnasium"
-        )
     env: VecEnv = EnvPoolVecEnv(manager.env_name.gym_id, n_envs, seed=manager.seed, **manager.env_kwargs)
     if manager.vec_env_wrapper is not None:
         env = manager.vec_env_wrapper(env)

@@ -232,6 +232,7 @@ def test_zoo_settings_envpool_cannot_take_are_errors(tmp_path, kwargs, message):
 
     with pytest.raises(ZooConfigError, match=message):
         _manager(tmp_path / "logs", **kwargs).setup_experiment()
+    assert not (tmp_path / "logs").exists()  # found before rl-zoo3 made any folder
 
 
 def test_zoo_missing_envpool_is_an_error_naming_the_extra_before_any_folder(tmp_path, monkeypatch: pytest.MonkeyPatch):
