@@ -313,8 +313,20 @@ def _n_timesteps_problem(value: Any) -> str | None:
     return None
 
 
-# rl-zoo3's own keys of an entry, each with the check of its value.
+# Where an entry's training envs come from (``env_backend``): gymnasium's envs in rl-zoo3's VecEnv, or EnvPool's
+# batched envs (sb3_ppo_ext.envpool.EnvPoolVecEnv); evaluation always runs on gymnasium's envs.
+ENV_BACKENDS = ("gymnasium", "envpool")
+
+
+def _env_backend_problem(value: Any) -> str | None:
+    if value in ENV_BACKENDS:
+        return None
+    return f"'env_backend: {value!r}' is invalid: expected one of {', '.join(ENV_BACKENDS)}"
+
+
+# rl-zoo3's own keys of an entry (and env_backend, which this package's ExperimentManager reads), each with its check.
 ZOO_KEY_CHECKS: dict[str, Any] = {
+    "env_backend": lambda key, value: _env_backend_problem(value),
     "n_envs": lambda key, value: _int_problem(key, value, 1),
     "n_timesteps": lambda key, value: _n_timesteps_problem(value),
     "normalize": lambda key, value: _normalize_problem(value),
@@ -469,6 +481,7 @@ __all__ = [
     "ACTIVATIONS",
     "ALGORITHMS",
     "DEFAULT_ALGO",
+    "ENV_BACKENDS",
     "HYPERPARAMS_DIR",
     "PPO_EXT_YML",
     "RESERVED_KEYS",

@@ -34,8 +34,9 @@ each exists:
   :class:`TrialBudgetCallback`; a run folder left by a failed run (or ``-optimize``'s, which holds
   no model) removed, since it would become the "latest" run that ``enjoy`` loads; for a masked
   algorithm, envs checked for ``action_masks()`` and evaluation callbacks (``--eval-freq``,
-  ``-optimize`` trials) that read the masks from the eval env; ``--save-freq`` checkpoints
-  written atomically with their VecNormalize statistics, and
+  ``-optimize`` trials) that read the masks from the eval env; with ``env_backend: envpool`` in the
+  entry, training envs from EnvPool (:mod:`sb3_ppo_ext.envpool`; evaluation stays on gymnasium's
+  envs); ``--save-freq`` checkpoints written atomically with their VecNormalize statistics, and
   ``-i <checkpoint>`` resumed with them, with the timestep count and (with
   :class:`~sb3_ppo_ext.callbacks.KLAdaptiveLR`) the checkpoint's learning rate.
 

@@ -164,6 +164,8 @@ class PPOExtExperimentManager(UPSTREAM):
         """
         if not zoo_support.is_ours(self.algo):
             return super()._preprocess_hyperparams(hyperparams)
+        hyperparams = dict(hyperparams)
+        self._sb3_ppo_ext_env_backend = _checked_env_backend(self, hyperparams.pop("env_backend", "gymnasium"), hyperparams)
         # rl-zoo3 turns clip_range / clip_range_vf into schedules and rejects None, which for
         # PPOExt means "off" (clip_range: null is the KL-penalty-only objective): keep them aside.
         switched_off: dict[str, Any] = {
@@ -239,8 +241,14 @@ class PPOExtExperimentManager(UPSTREAM):
     # --- envs, checkpoints and resuming -----------------------------------------------------
 
     def create_envs(self, n_envs: int, eval_env: bool = False, no_log: bool = False) -> VecEnv:
-        """rl-zoo3's envs; for a masked algorithm checked for ``action_masks()`` (and left unwrapped)."""
-        env = super().create_envs(n_envs, eval_env=eval_env, no_log=no_log)
+        """
+        rl-zoo3's envs; with ``env_backend: envpool``, training envs from EnvPool (:func:`_envpool_env`); for a
+        masked algorithm checked for ``action_masks()`` (and left unwrapped).
+        """
+        if not eval_env and getattr(self, "_sb3_ppo_ext_env_backend", None) == "envpool":
+            env = _envpool_env(self, n_envs)
+        else:
+            env = super().create_envs(n_envs, eval_env=eval_env, no_log=no_log)
         if not zoo_support.is_masked(self.algo):
             return env
         return zoo_support.masked_env(env, self.algo, self.env_name.gym_id, carry_masks=False)
@@ -327,6 +335,58 @@ class _ContinuingModel:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
+
+
+def _checked_env_backend(manager: UPSTREAM, backend: str, hyperparams: dict[str, Any]) -> str:
+    """
+    The entry's ``env_backend``; for ``envpool``, a :class:`~sb3_ppo_ext.zoo_support.ZooConfigError` before any
+    folder is made when EnvPool is missing or the run asks for what EnvPool's envs cannot take (an ``env_wrapper``
+    in the settings ``hyperparams``: gymnasium wrappers; rl-zoo3's ``--vec-env subproc``).
+    """
+    if backend != "envpool":
+        return backend
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from sb3_ppo_ext.envpool import require_envpool
+
+    try:
+        require_envpool()
+    except ImportError as error:
+        entry = f"the {manager.env_name.gym_id} entry has env_backend: envpool"
+        hint = "-params env_backend:gymnasium trains on gymnasium's envs instead"
+        raise zoo_support.ZooConfigError(f"{error} ({entry}; {hint})") from None
+    if manager.vec_env_class is not DummyVecEnv:
+        raise zoo_support.ZooConfigError(
+            f"--vec-env {manager.vec_env_class.__name__} does not apply to env_backend: envpool (EnvPool steps its envs "
+            "on its own threads); leave --vec-env out, or pass -params env_backend:gymnasium"
+        )
+    if hyperparams.get("env_wrapper") is not None:
+        raise zoo_support.ZooConfigError(
+            "env_wrapper does not apply to env_backend: envpool (gymnasium wrappers cannot wrap EnvPool's envs); "
+            "use a vec_env_wrapper, or pass -params env_backend:gymnasium"
+        )
+    return backend
+
+
+def _envpool_env(manager: UPSTREAM, n_envs: int) -> VecEnv:
+    """
+    The training env of an entry with ``env_backend: envpool``: ``n_envs`` envs of EnvPool's task of the same id
+    (:class:`~sb3_ppo_ext.envpool.EnvPoolVecEnv`, seeded with ``--seed``, the entry's ``env_kwargs`` passed to
+    EnvPool), then rl-zoo3's own ``vec_env_wrapper``, ``VecNormalize``
+    (:meth:`~PPOExtExperimentManager._maybe_normalize`) and ``frame_stack`` as its ``create_envs`` applies them.
+    Evaluation envs stay rl-zoo3's: gymnasium's own envs. No monitor file is written: the episode statistics come
+    from the env itself (a ``VecMonitor`` here would break ``sync_envs_normalization``, which walks the training
+    and evaluation wrappers in step).
+    """
+    from stable_baselines3.common.vec_env import VecFrameStack
+
+    from sb3_ppo_ext.envpool import EnvPoolVecEnv
+
+    env: VecEnv = EnvPoolVecEnv(manager.env_name.gym_id, n_envs, seed=manager.seed, **manager.env_kwargs)
+    if manager.vec_env_wrapper is not None:
+        env = manager.vec_env_wrapper(env)
+    env = manager._maybe_normalize(env, eval_env=False)
+    return env if manager.frame_stack is None else VecFrameStack(env, manager.frame_stack)
 
 
 def _atomic_checkpoints(callback: Any) -> Any:

@@ -1,0 +1,159 @@
+"""EnvPool's batched C++ environments as a Stable-Baselines3 VecEnv: :class:`EnvPoolVecEnv`.
+
+EnvPool (``pip install "sb3-ppo-ext[envpool]"``) steps many environments in one call on its own
+threads. :class:`EnvPoolVecEnv` gives it SB3's ``VecEnv`` semantics, so that every SB3 tool works
+on it unchanged (``VecNormalize``, ``VecMonitor``, callbacks, ``save`` / ``load`` / ``set_env``):
+
+- an episode that ends is reset at once: the returned observation is the reset one,
+  ``infos[i]["terminal_observation"]`` the last one, ``infos[i]["TimeLimit.truncated"]`` is
+  ``truncated and not terminated`` (so that PPO bootstraps time limits), and
+  ``infos[i]["episode"]`` holds ``{"r", "l", "t"}`` as SB3's ``Monitor`` writes it;
+- EnvPool's own automatic reset (the step after an episode's end returns the reset observation with
+  reward 0 and ignores the action) never happens: ended envs are reset with ``reset(env_ids)``
+  right away, so every step of a rollout is a real transition;
+- ``seed(seed)`` reseeds every env (env ``i`` gets ``seed + i``, as in SB3) at the next ``reset``; EnvPool
+  takes int32 seeds, so a seed is taken modulo ``2**31 - 1``;
+- actions of a float64 ``Box`` space are exposed as float32, as gymnasium's MuJoCo envs declare
+  them, so a model trained here loads onto gymnasium's env of the same task (``set_env``,
+  ``load(..., env=...)``) and is evaluated there.
+
+What EnvPool cannot do is an error naming the method: ``env_method``, ``set_attr``, ``get_attr`` of
+anything but ``render_mode`` (``None``), ``render`` and ``get_images``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+from stable_baselines3.common.vec_env import VecEnv
+from stable_baselines3.common.vec_env.base_vec_env import VecEnvIndices, VecEnvObs, VecEnvStepReturn
+
+INSTALL_HINT = 'pip install "sb3-ppo-ext[envpool]"'
+
+_INT32_MAX = 2**31 - 1
+
+# EnvPool's own info keys that are not per-env values of the task.
+_BOOKKEEPING_KEYS = ("env_id", "players")
+
+
+def require_envpool() -> ModuleType:
+    """The ``envpool`` module; an ``ImportError`` naming the extra to install when it is missing."""
+    try:
+        import envpool
+    except ImportError:
+        raise ImportError(f"EnvPool is not installed: {INSTALL_HINT}") from None
+    return envpool
+
+
+class EnvPoolVecEnv(VecEnv):
+    """
+    ``num_envs`` copies of an EnvPool task (``envpool.make_gymnasium``) behind SB3's ``VecEnv`` interface.
+
+    :param task: EnvPool task id, e.g. ``"Hopper-v5"`` (``envpool.list_all_envs()`` lists them)
+    :param num_envs: number of environments stepped together
+    :param seed: seed of env 0; env ``i`` gets ``seed + i`` (modulo ``2**31 - 1``)
+    :param num_threads: EnvPool's worker threads; 0 lets EnvPool choose
+    :param make_kwargs: further keyword arguments of ``envpool.make_gymnasium`` (the task's own
+        settings, e.g. ``reset_noise_scale=0.0``, ``max_episode_steps=500``)
+    """
+
+    def __init__(self, task: str, num_envs: int, seed: int = 0, num_threads: int = 0, **make_kwargs: Any):
+        envpool = require_envpool()
+        if task not in envpool.list_all_envs():
+            raise ValueError(f"task={task!r} is not an EnvPool task; envpool.list_all_envs() lists them")
+        if not isinstance(num_envs, (int, np.integer)) or isinstance(num_envs, bool) or num_envs < 1:
+            raise ValueError(f"num_envs={num_envs!r} is invalid: expected an int >= 1")
+        self.task, self.num_threads, self.make_kwargs = task, num_threads, make_kwargs
+        self._make = envpool.make_gymnasium
+        self.pool = self._make_pool(int(num_envs), seed)
+        action_space = self.pool.action_space
+        if isinstance(action_space, spaces.Box) and action_space.dtype == np.float64:
+            low, high = action_space.low.astype(np.float32), action_space.high.astype(np.float32)
+            action_space = spaces.Box(low, high, dtype=np.float32)
+        super().__init__(int(num_envs), self.pool.observation_space, action_space)
+        self._env_ids = np.arange(self.num_envs, dtype=np.int32)
+        self._actions: np.ndarray | None = None
+        self._returns = np.zeros(self.num_envs)
+        self._lengths = np.zeros(self.num_envs, dtype=np.int64)
+        self._start = time.time()
+
+    def _make_pool(self, num_envs: int, seed: int) -> Any:
+        # EnvPool takes int32 seeds; SB3 and rl-zoo3 draw seeds up to 2**32 - 1.
+        seed = int(seed) % _INT32_MAX
+        return self._make(self.task, num_envs=num_envs, num_threads=self.num_threads, seed=seed, **self.make_kwargs)
+
+    def reset(self) -> VecEnvObs:
+        """Reset every env; seeds given by :meth:`seed` take effect here (the pool is rebuilt with them)."""
+        if self._seeds[0] is not None:
+            self.pool.close()
+            self.pool = self._make_pool(self.num_envs, self._seeds[0])
+            self._reset_seeds()
+        if any(self._options):
+            raise NotImplementedError(f"EnvPoolVecEnv.reset: EnvPool takes no reset options, got {self._options!r}")
+        obs, _ = self.pool.reset(self._env_ids)
+        self._returns[:], self._lengths[:] = 0.0, 0
+        return obs
+
+    def step_async(self, actions: np.ndarray) -> None:
+        self._actions = np.asarray(actions, dtype=self.pool.action_space.dtype)
+
+    def step_wait(self) -> VecEnvStepReturn:
+        obs, rewards, terminated, truncated, info = self.pool.step(self._actions, self._env_ids)
+        dones = terminated | truncated
+        self._returns += rewards
+        self._lengths += 1
+        infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+        for key, values in info.items():
+            if key not in _BOOKKEEPING_KEYS:
+                for env_info, value in zip(infos, values.tolist(), strict=True):
+                    env_info[key] = value
+        ended = np.flatnonzero(dones)
+        if ended.size:
+            elapsed = round(time.time() - self._start, 6)
+            for i in ended:
+                infos[i]["terminal_observation"] = obs[i].copy()
+                infos[i]["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
+                infos[i]["episode"] = {"r": float(self._returns[i]), "l": int(self._lengths[i]), "t": elapsed}
+            # Reset now: EnvPool would otherwise spend the next step of these envs on its own reset.
+            obs[ended], _ = self.pool.reset(ended.astype(np.int32))
+            self._returns[ended], self._lengths[ended] = 0.0, 0
+        return obs, rewards.astype(np.float32), dones, infos
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
+        """``render_mode`` (``None``) of each env; any other name is an ``AttributeError`` naming it."""
+        if attr_name != "render_mode":
+            raise AttributeError(
+                f"EnvPoolVecEnv.get_attr({attr_name!r}): EnvPool's environments have no Python attributes "
+                "(only render_mode is known, and it is None)"
+            )
+        return [None for _ in self._get_indices(indices)]
+
+    def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
+        raise NotImplementedError(f"EnvPoolVecEnv.set_attr({attr_name!r}): EnvPool's environments have no Python attributes")
+
+    def env_method(self, method_name: str, *method_args: Any, indices: VecEnvIndices = None, **method_kwargs: Any) -> list:
+        raise NotImplementedError(
+            f"EnvPoolVecEnv.env_method({method_name!r}): EnvPool's environments have no Python methods to call"
+        )
+
+    def env_is_wrapped(self, wrapper_class: type, indices: VecEnvIndices = None) -> list[bool]:
+        """``False`` for every env: EnvPool's environments carry no gymnasium wrappers."""
+        return [False for _ in self._get_indices(indices)]
+
+    def render(self, mode: str | None = None) -> np.ndarray | None:
+        raise NotImplementedError(
+            "EnvPoolVecEnv.render: rendering is not supported; render on gymnasium's env of the same task"
+        )
+
+    def get_images(self) -> Sequence[np.ndarray | None]:
+        raise NotImplementedError(
+            "EnvPoolVecEnv.get_images: rendering is not supported; render on gymnasium's env of the same task"
+        )

@@ -1,0 +1,20 @@
+"""The entries that train on EnvPool (``ppo_ext_envpool.yml``), as rl-zoo3 reads a module given as ``--conf-file``.
+
+``python -m rl_zoo3.train --algo ppo_ext --env Hopper-v5 --conf-file sb3_ppo_ext.hyperparams.envpool``
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sb3_ppo_ext.settings import HYPERPARAMS_DIR, read_entries
+
+PPO_EXT_ENVPOOL_YML = HYPERPARAMS_DIR / "ppo_ext_envpool.yml"
+
+
+def __getattr__(name: str) -> Any:
+    """``hyperparams``, the attribute rl-zoo3 reads: the file's entries, read afresh at each access."""
+    if name == "hyperparams":
+        # Fresh each time: rl-zoo3 updates the entry it selects in place (with -params, a trial's values).
+        return read_entries(PPO_EXT_ENVPOOL_YML)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
