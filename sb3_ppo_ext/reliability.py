@@ -504,11 +504,12 @@ def check_model_file(path: str | os.PathLike[str] | FileT, algorithm: str, accep
         :class:`ForeignModelFileError` when saved by a family not in ``accepted``
     """
     if isinstance(path, (str, os.PathLike)):
-        result: Path | FileT = Path(path) if Path(path).exists() or not Path(f"{path}.zip").exists() else Path(f"{path}.zip")
-        label = str(result)
-        if not result.is_file():
+        file = Path(path) if Path(path).exists() or not Path(f"{path}.zip").exists() else Path(f"{path}.zip")
+        result: Path | FileT = file
+        label = str(file)
+        if not file.is_file():
             raise ModelFileError(f"{algorithm}.load: model file {label} does not exist (nor {label}.zip)")
-        with open(result, "rb") as stream:
+        with open(file, "rb") as stream:
             data = _read_model_data(stream, label, algorithm)
     else:
         result, label = path, str(getattr(path, "name", None) or f"<{type(path).__name__}>")
