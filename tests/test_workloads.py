@@ -1,5 +1,5 @@
 """
-Issue 22's speed workloads (``scripts/throughput.py --workload NAME``: rl-zoo3's settings for each env), bit for bit:
+The speed workloads (``scripts/throughput.py --workload NAME``: rl-zoo3's settings for each env), bit for bit:
 with the extensions off, each Ext class trains on them exactly as the class it replaces (rollouts, weights, Adam's
 state, ``VecNormalize`` statistics and logged losses), through every seam the speed work added (the acting plan,
 the direct scoring of the heads, Adam's flat buffers). The rollouts are shortened to about 512 steps where

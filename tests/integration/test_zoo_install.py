@@ -18,7 +18,7 @@ import yaml
 from conftest import Venv, build_venv
 from helpers import REPO_ROOT
 
-# This module: a fresh venv per session, rl-zoo3 in subprocesses.
+# This module: one fresh venv per test run (conftest.py's installed_venv), rl-zoo3 in subprocesses.
 
 # Small and fast: one env, 256-step rollouts, no periodic evaluation, one torch thread.
 TINY = "-n 256 --eval-freq -1 --num-threads 1 --seed 0 -params n_envs:1 n_steps:256"
