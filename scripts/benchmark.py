@@ -13,6 +13,8 @@ time so far, evaluations excluded, ``fps`` the env steps per second of that time
 ``seed<k>.done.json`` marker (total wall-clock, training time, env-steps/s, the hyperparameters
 used, versions, and the run's segments). Both are written to a temporary file and renamed. A
 restarted benchmark skips runs whose marker matches the requested budget and settings.
+``scripts/benchmark_report.py --results SUITE=FOLDER`` then records a suite's finished runs in one
+file, ``docs/benchmarks/records/SUITE.jsonl``, from which the committed report is rebuilt.
 
 Runs survive being cut off. At the first rollout boundary after each evaluation a run writes an
 atomic checkpoint, ``seed<k>.ckpt``: the model (policy, optimizer, step count, learning-rate
@@ -35,12 +37,12 @@ never blocks a restart. Worker processes exit when the benchmark process that st
 (killed, not just interrupted), so no orphaned worker keeps writing results.
 
     python scripts/benchmark.py --suite pendulum --workers 1
-    python scripts/benchmark.py --suite mujoco-1m --out docs/benchmarks/data-1m --machine "local 2-core" --stop-after 120
+    python scripts/benchmark.py --suite mujoco-1m --machine "local 2-core" --stop-after 120   # into logs/benchmark/mujoco-1m
     python scripts/benchmark.py --envs Pendulum-v1 --algos ppo ppo_ext_clip --seeds 2 --steps 20000
-    python scripts/benchmark.py --suite tuned-1m --out docs/benchmarks/data-tuned-1m   # a tuned entry, fresh seeds
-    python scripts/benchmark.py --suite heads --out docs/benchmarks/data-heads   # clipped, squashed, Beta head (issue 26)
-    python scripts/benchmark.py --suite fast --out docs/benchmarks/data-fast     # fast mode against the default (issue 22)
-    python scripts/benchmark_report.py   # docs/BENCHMARKS.md from the results
+    python scripts/benchmark.py --suite tuned-1m   # a tuned entry, fresh seeds
+    python scripts/benchmark.py --suite heads      # clipped, squashed and Beta heads
+    python scripts/benchmark.py --suite fast       # fast mode against the default
+    python scripts/benchmark_report.py --results heads=logs/benchmark/heads   # the report; records the suite's runs
 
 A tuned entry is validated as ``ppo_ext_tuned``: the entry for the env in ``--candidate FILE`` (a
 yml as ``scripts/zoo_study.py best`` writes it; the ``tuned-1m`` suite reads
@@ -63,7 +65,7 @@ from benchmarks.checkpoints import read_checkpoint
 from benchmarks.runner import build_matrix, is_finished, run_matrix
 from benchmarks.suites import ALGOS, CANDIDATE, SUITE_CANDIDATES, SUITES
 
-DEFAULT_OUT = "logs/benchmark"  # logs/ is git-ignored
+DEFAULT_OUT = "logs/benchmark"  # logs/ is git-ignored; each suite's runs in a folder of their own
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -88,7 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-episodes", type=int, default=10)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="parallel processes (default: core count)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", default=DEFAULT_OUT, help=f"results folder (default {DEFAULT_OUT})")
+    parser.add_argument("--out", help=f"results folder (default {DEFAULT_OUT}/SUITE, or {DEFAULT_OUT}/envs with --envs)")
     parser.add_argument(
         "--machine", help="label of this machine in the runs' segment records (default: host name and core count)"
     )
@@ -101,7 +103,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="minutes: pause the runs at their next checkpoint after this long, start no run after it",
     )
     parser.add_argument("--list", action="store_true", help="print the matrix and whether each run is finished, then exit")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.out = args.out or f"{DEFAULT_OUT}/{'envs' if args.envs else args.suite}"
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

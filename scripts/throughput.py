@@ -21,7 +21,7 @@ least disturbed one. Read the ratios, not the absolute figures.
     python scripts/throughput.py --env Pendulum-v1 --steps 8192 --repeats 15
     python scripts/throughput.py --env LunarLanderContinuous-v3 --n-envs 16 --n-steps 1024 --n-epochs 4 \\
         --steps 16384 --repeats 9      # rl-zoo3's LunarLander settings
-    python scripts/throughput.py --steps 8192 --repeats 15 --json docs/benchmarks/throughput.json  # for the report
+    python scripts/throughput.py --steps 8192 --repeats 15 --json docs/benchmarks/throughput.jsonl  # for the report
     python scripts/throughput.py --env MountainCarContinuous-v0 --n-envs 1 --n-steps 8 --batch-size 8 \\
         --n-epochs 10 --steps 4096 --repeats 15       # rl-zoo3's small-rollout MountainCarContinuous settings
     python scripts/throughput.py --family maskable --steps 8192 --repeats 15
@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 import torch as th
-from benchmarks.records import source_revision  # scripts/benchmarks, beside this script
+from benchmarks.records import cpu_model, source_revision  # scripts/benchmarks, beside this script
 from sb3_contrib import MaskablePPO, RecurrentPPO
 from sb3_contrib.common.envs import InvalidActionEnvDiscrete
 from stable_baselines3 import PPO
@@ -65,8 +65,8 @@ SBX = "SBX PPO"
 
 def sbx_ppo(policy: str, env, **kwargs):
     """
-    SBX's PPO (Stable-Baselines-Jax, ``pip install sbx-rl``) with the workload's settings: the reference row of
-    issue 22. Its ``activation_fn`` is translated to JAX's; XLA runs on one thread (as torch does here), unless
+    SBX's PPO (Stable-Baselines-Jax, ``pip install sbx-rl``) with the workload's settings: a JAX reference row.
+    Its ``activation_fn`` is translated to JAX's; XLA runs on one thread (as torch does here), unless
     ``XLA_FLAGS`` says otherwise.
     """
     os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
@@ -120,7 +120,7 @@ FAMILIES: dict[str, tuple[dict[str, tuple[type, dict]], str, str]] = {
 
 _ZOO_MUJOCO = dict(log_std_init=-2, ortho_init=False, activation_fn=nn.ReLU, net_arch=dict(pi=[256, 256], vf=[256, 256]))
 # name -> (family, env id, n_envs, normalize, hyperparameters): rl-zoo3's own entries (ppo.yml: the v4 entries of
-# Hopper and HalfCheetah, run on v5; ppo_lstm.yml: PendulumNoVel-v1), the workloads of the speed bars (issue 22).
+# Hopper and HalfCheetah, run on v5; ppo_lstm.yml: PendulumNoVel-v1), the workloads of the benchmark report.
 WORKLOADS: dict[str, tuple[str, str, int, bool, dict]] = {
     "hopper": (
         "ppo",
@@ -325,7 +325,9 @@ def main(argv: list[str] | None = None) -> dict:
         "--variants", nargs="+", metavar="NAME", help="only these variants of the family (the reference always runs first)"
     )
     parser.add_argument(
-        "--json", metavar="PATH", help="also write the measurements to PATH (read by scripts/benchmark_report.py)"
+        "--json",
+        metavar="PATH",
+        help="also append the measurement to PATH as one JSON line (read by scripts/benchmark_report.py)",
     )
     parser.add_argument(
         "--warm-model",
@@ -391,6 +393,7 @@ def main(argv: list[str] | None = None) -> dict:
         "machine": {
             "cpu_count": os.cpu_count(),
             "platform": platform.platform(),
+            "cpu_model": cpu_model(),
             # the vector instructions torch's CPU kernels use (AVX2, AVX512, ...): the ratios differ between them
             "cpu_capability": th.backends.cpu.get_cpu_capability(),
         },
@@ -403,8 +406,8 @@ def main(argv: list[str] | None = None) -> dict:
         },
     }
     if args.json:
-        with open(args.json, "w") as file:
-            json.dump(result, file, indent=1, default=repr)  # schedules and activation classes by name
+        with open(args.json, "a") as file:
+            file.write(json.dumps(result, default=repr) + "\n")  # schedules and activation classes by name
     return result
 
 

@@ -33,7 +33,7 @@ def test_changed_budget_is_not_finished(tmp_path):
 def test_the_runner_and_the_report_name_a_run_s_files_alike(tmp_path):
     """One definition of the done marker: where the runner writes it is where the report finds it, keys in order."""
     spec = records.RunSpec("Pendulum-v1", "ppo", 3, 1000, 500, 2, str(tmp_path))
-    assert spec.marker_path == records.marker_path_of(spec.csv_path) == tmp_path / "Pendulum-v1" / "ppo" / "seed3.done.json"
+    assert spec.marker_path == tmp_path / "Pendulum-v1" / "ppo" / "seed3.done.json"
     assert records.csv_path_of(spec.marker_path) == spec.csv_path
     spec.stem.parent.mkdir(parents=True)
     with pytest.raises(ValueError, match="a done marker has the keys"):
@@ -74,7 +74,9 @@ def test_run_with_changed_settings_is_not_finished(tmp_path, monkeypatch):
 
 
 def test_suite_matrix_gives_every_algorithm_the_same_seeds_and_budget():
-    args = benchmark_cli.parse_args(["--suite", "issue"])
+    args = benchmark_cli.parse_args(["--suite", "300k"])
+    assert args.out == "logs/benchmark/300k"
+    assert benchmark_cli.parse_args(["--envs", "Pendulum-v1"]).out == "logs/benchmark/envs"
     specs = runner.build_matrix(args)
     for env in ("Pendulum-v1", "LunarLanderContinuous-v3", "Hopper-v5", "HalfCheetah-v5"):
         by_algo = {}
@@ -102,7 +104,7 @@ def test_zoo_algorithms_use_the_v4_entry_of_rl_zoo3_for_v5_envs(tmp_path, zoo_al
     )
 
 
-def test_mujoco_1m_suite_runs_the_issues_algorithms_on_the_same_seeds():
+def test_mujoco_1m_suite_runs_its_algorithms_on_the_same_seeds():
     specs = runner.build_matrix(benchmark_cli.parse_args(["--suite", "mujoco-1m"]))
     hopper = [spec for spec in specs if spec.env == "Hopper-v5"]
     walker = [spec for spec in specs if spec.env == "Walker2d-v5"]
@@ -396,14 +398,14 @@ def test_rliable_intervals_are_seeded_and_leave_numpy_alone(fast_rliable, monkey
     assert stats.iqm_with_ci(finals)[1] != first[1]
 
 
-def test_report_builds_markdown_figures_and_targets(fixture_results, tmp_path, fast_rliable):
+def test_report_builds_markdown_figures_and_records(fixture_results, tmp_path, fast_rliable):
     throughput = {
         "env": "Pendulum-v1",
         "steps": 8192,
         "repeats": 7,
         "n_envs": 4,
         "hyperparams": {"n_steps": 512},
-        "machine": {"cpu_count": 2},
+        "machine": {"cpu_count": 2, "cpu_model": "Some CPU"},
         "measured_at": "2026-11-30T00:00:00Z",
         "variants": {
             name: {
@@ -417,22 +419,22 @@ def test_report_builds_markdown_figures_and_targets(fixture_results, tmp_path, f
             for name, ratio in (("stock PPO", 1.0), ("PPOExt, squash off", 1.01), ("PPOExt, squash on", 0.89))
         },
     }
-    throughput_path = tmp_path / "throughput.json"
-    throughput_path.write_text(json.dumps(throughput))
+    throughput_path = tmp_path / "throughput.jsonl"
+    throughput_path.write_text(json.dumps(throughput) + "\n")
     out = tmp_path / "docs" / "BENCHMARKS.md"
-    data = tmp_path / "docs" / "benchmarks" / "data"
+    data = tmp_path / "docs" / "benchmarks" / "records" / "300k.jsonl"
     argv = ["--results", str(fixture_results), "--out", str(out), "--figures", str(tmp_path / "docs" / "benchmarks")]
     no_gpu_note = ["--gpu-note", str(tmp_path / "no-such-note.md")]  # the default file is the real report's
     assert report_cli.main([*argv, "--keep-data", str(data), "--throughput", str(throughput_path), *no_gpu_note]) == 0
     text = out.read_text()
-    figures = tmp_path / "docs" / "benchmarks" / "issue"
+    figures = tmp_path / "docs" / "benchmarks" / "300k"
     for name in ("", "-iqm", "-profile", "-improvement"):  # the learning curves and rliable's three plots
         assert (figures / f"Pendulum-v1{name}.png").stat().st_size > 10_000
-    assert "![Pendulum-v1 learning curves (issue)](benchmarks/issue/Pendulum-v1.png)" in text
-    assert "![Pendulum-v1 IQM, 95 % CIs (issue)](benchmarks/issue/Pendulum-v1-iqm.png) " in text
-    assert "![Pendulum-v1 performance profiles (issue)](benchmarks/issue/Pendulum-v1-profile.png)" in text
-    assert "![Pendulum-v1 probability of improvement (issue)](benchmarks/issue/Pendulum-v1-improvement.png)" in text
-    assert "### Pendulum-v1, suite `issue`" in text
+    assert "![Pendulum-v1 learning curves (300k)](benchmarks/300k/Pendulum-v1.png)" in text
+    assert "![Pendulum-v1 IQM, 95 % CIs (300k)](benchmarks/300k/Pendulum-v1-iqm.png) " in text
+    assert "![Pendulum-v1 performance profiles (300k)](benchmarks/300k/Pendulum-v1-profile.png)" in text
+    assert "![Pendulum-v1 probability of improvement (300k)](benchmarks/300k/Pendulum-v1-improvement.png)" in text
+    assert "### Pendulum-v1, suite `300k`" in text
     assert "| `ppo` | 5 | 30000 | -366.0 ± " in text and "| -226.7 | [" in text
     # Probability of improvement over stock PPO (no TRPO ran): 19.5 of 25 pairs.
     assert "| algorithm X | P(X > `ppo`) | 95 % CI |\n|---|---|---|\n| `ppo_ext_clip` | 0.78 | [" in text
@@ -440,12 +442,10 @@ def test_report_builds_markdown_figures_and_targets(fixture_results, tmp_path, f
     assert "| `ppo_ext_clip` | 5 | 30000 |" in text and "| -151.7 | [" in text
     assert "20k (4/5 seeds: 20k, 20k, 20k, 20k, never)" in text
     assert "| 35 s | 1000 |" in text
-    # Targets: Pendulum met by +75.0; the other suite envs not measured; throughput met / missed.
-    assert "| Pendulum-v1 (`ppo_ext_clip`) | met | -151.7 vs -226.7 (+75.0) |" in text
-    assert "| Hopper-v5 | not measured yet |" in text
-    assert "not measured yet (1 of 4 envs run)" in text
-    assert "| PPOExt, squash off (all diagnostics on) | met | 1.010 (ratio of medians, +0.030)" in text
-    assert "| PPOExt, squash on (all diagnostics on) | **missed** | 0.890 (ratio of medians, -0.060)" in text
+    # The throughput table: every variant of the measurement, its machine named.
+    row = "| Pendulum-v1 | PPOExt, squash on | `{}` | 890 | 0.890 | 890 | 0.890 | — | 2026-11-30, commit not recorded, "
+    assert row in text
+    assert "8192 steps x 7, 2-core, Some CPU |" in text
     assert (
         "| Pendulum-v1 | 100k steps x 5 seeds: `ppo`, `ppo_ext_clip`, `ppo_ext_kl`, `ppo_ext_gauss` | 30k steps; seeds "
         "per algorithm: `ppo` 5, `ppo_ext_clip` 5, `ppo_ext_kl` 0, `ppo_ext_gauss` 0 | **partial**"
@@ -458,8 +458,18 @@ def test_report_builds_markdown_figures_and_targets(fixture_results, tmp_path, f
         in text
     )
     assert "Not run: no CUDA machine" in text
-    # The inputs are kept beside the report, and the report rebuilds from them alone.
-    assert sorted(p.name for p in (data / "Pendulum-v1" / "ppo").iterdir())[:2] == ["seed0.csv", "seed0.done.json"]
+    # The runs are recorded in one file, a line per run, and the report rebuilds from it alone.
+    lines = [json.loads(line) for line in data.read_text().splitlines()]
+    assert [(line["marker"]["algo"], line["marker"]["seed"]) for line in lines] == [
+        *(("ppo", seed) for seed in range(5)),
+        *(("ppo_ext_clip", seed) for seed in range(5)),
+    ]
+    assert lines[0]["evaluations"]["mean_return"] == [-1200.0, -800.0, -400.0, -300.0]
+    reloaded = records.load_runs(data)["Pendulum-v1"]
+    original = records.load_runs(fixture_results)["Pendulum-v1"]
+    assert [(r.seed, r.evaluations, r.marker) for r in reloaded["ppo"]] == [
+        (r.seed, r.evaluations, r.marker) for r in original["ppo"]
+    ]
     rebuilt = tmp_path / "rebuilt.md"
     note = tmp_path / "gpu-note.md"
     note.write_text("Ran on a lent GPU: 9 of 9 passed.\n")
@@ -475,16 +485,6 @@ def test_report_without_runs_fails(tmp_path, capsys):
     assert report_cli.main(["--results", str(tmp_path), "--out", str(tmp_path / "r.md"), "--keep-data", ""]) == 1
     assert "no finished runs" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "r.md")
-
-
-def test_throughput_verdict_needs_medians_and_best_runs_to_agree():
-    lines = targets.targets_section(
-        "pendulum", {}, {"PPOExt, squash on": 1.02, "PPOExt, squash on (best)": 0.93, "PPOExt, squash off": 0.99}
-    )
-    text = "\n".join(lines)
-    assert "| PPOExt, squash on (all diagnostics on) | inconclusive (medians and best runs disagree) | 1.020" in text
-    assert "| PPOExt, squash off (all diagnostics on) | met | 0.990" in text
-    assert "| Pendulum-v1 | not measured yet |" in text
 
 
 def test_report_lists_tuned_entries(tmp_path):
@@ -503,7 +503,7 @@ def test_report_lists_tuned_entries(tmp_path):
             "study command: python -m rl_zoo3.train --algo ppo_ext -optimize",
         ]
     }
-    lines = sections.tuning_section("issue", yml)
+    lines = sections.tuning_section("300k", yml)
     assert (
         "| LunarLanderContinuous-v3 | Tuned: best of 12 complete trials of study 'llc': trial 7, 231.0<br>study command:"
         in ("\n".join(lines))
@@ -517,7 +517,7 @@ def test_report_lists_tuned_entries(tmp_path):
     study = optuna.create_study(storage=storage, study_name="hopper", direction="maximize")
     study.enqueue_trial({"x": 1.0}, user_attrs={"shipped_entry": True})
     study.optimize(lambda trial: trial.suggest_float("x", 0.0, 2.0) * 100, n_trials=2)
-    lines = sections.tuning_section("issue", yml, [(storage, "hopper")])
+    lines = sections.tuning_section("300k", yml, [(storage, "hopper")])
     assert lines[-1] == (
         f"- `{storage}`: study 'hopper': 2 trials (2 complete); best complete trial {study.best_trial.number}: "
         f"{study.best_value:.1f} (complete trials {min(t.value for t in study.trials):.1f} to {study.best_value:.1f}); "
@@ -588,14 +588,6 @@ def test_report_names_a_variant_that_reproduced_stock_ppo(fixture_results, tmp_p
     text = out.read_text()
     assert "| `ppo_ext_gauss` (= stock PPO: every evaluation of each of its seeds identical) | 5 |" in text
     assert "| `ppo_ext_kl` | 5 |" in text
-    # ppo_ext_clip is best here; with it gone, the tie is named and the best other variant given.
-    shutil.rmtree(fixture_results / "Pendulum-v1" / "ppo_ext_clip")
-    assert report_cli.main(argv) == 0
-    text = out.read_text()
-    assert (
-        "| Pendulum-v1 (`ppo_ext_gauss`) | met (a tie: this variant is stock PPO bit for bit) | -226.7 vs -226.7 (+0.0); "
-        "best variant that trains differently: `ppo_ext_kl` -227.0 (-0.3) |"
-    ) in text
 
 
 def test_report_keeps_timings_of_different_machines_apart(fixture_results, tmp_path, fast_rliable):
@@ -616,8 +608,8 @@ def test_report_keeps_timings_of_different_machines_apart(fixture_results, tmp_p
     assert "**A**: 2 CPU cores; stable_baselines3 x; **B**: 16 CPU cores; stable_baselines3 x, torch y." in text
     assert "| 35 s | 1000 | — | A |" in text
     assert "| 900 | — (ran on another machine than stock PPO) | B |" in text
-    # Returns are compared across machines as before (the target does not depend on timings).
-    assert "| Pendulum-v1 (`ppo_ext_clip`) | met | -151.7 vs -226.7 (+75.0) |" in text
+    # Returns are compared across machines as before (the probability of improvement does not depend on timings).
+    assert "| `ppo_ext_clip` | 0.78 | [" in text
 
 
 def _en(text: str) -> str:
@@ -668,6 +660,8 @@ def test_old_markers_are_one_segment_and_new_ones_list_theirs(results_1m):
         records.Segment(0, 30_000, "2 CPU cores; stable_baselines3 x", "abc1234", "2026-11-30T05:00:00Z", train_time_s=30.0)
     ]
     assert not records.is_mixed(stock)
+    named = {"cpu_count": 2, "cpu_model": "Some CPU", "versions": {"torch": "2"}}
+    assert records.machine(named) == "2 CPU cores (Some CPU); torch 2"
     split = runs["ppo_ext_clip"][2]
     # A segment's kind of machine is its cores and versions (its own, else the marker's), as for whole runs,
     # so the first segment is the old runs' machine A; the label names the machine.
@@ -679,26 +673,23 @@ def test_old_markers_are_one_segment_and_new_ones_list_theirs(results_1m):
     assert records.is_mixed(split)
 
 
-def test_report_covers_several_suites_segments_and_mixed_machines(fixture_results, results_1m, tmp_path, fast_rliable):
-    """Both suites in one report, each with its sections; a suite not run yet says so; resumed runs are listed."""
+def test_report_covers_several_suites_and_mixed_machines(fixture_results, results_1m, tmp_path, fast_rliable):
+    """Both suites in one report, each with its sections; a suite not run yet says so; resumed runs stay out of timings."""
     out = tmp_path / "BENCHMARKS.md"
     figures = tmp_path / "figures"
-    argv = ["--out", str(out), "--figures", str(figures), "--keep-data", "", "--results", f"issue={fixture_results}"]
+    argv = ["--out", str(out), "--figures", str(figures), "--keep-data", "", "--results", f"300k={fixture_results}"]
     assert report_cli.main([*argv, "--results", f"mujoco-1m={tmp_path / 'not-yet'}", "--no-figures"]) == 0  # text only
     text = out.read_text()
-    assert "## Suite `issue`" in text and "## Suite `mujoco-1m`" in text
+    assert "## Suite `300k`" in text and "## Suite `mujoco-1m`" in text
     assert f"Not run yet: no finished run under `{tmp_path / 'not-yet'}`." in text
     assert "| Walker2d-v5 | 1M steps x 3 seeds: `ppo`, `trpo`, `ppo_ext_clip` | — | **not run** |" in text
-    assert "Suite `mujoco-1m`: no finished run yet." in text
-    assert "| best PPOExt variant IQM ≥ stock PPO's and ≥ TRPO's | Hopper-v5 | not measured yet | — |" in text
-    assert "| the goal: both targets above, on both envs | Hopper-v5, Walker2d-v5 | not measured yet | — |" in text
-    # The old suite's targets are there as they were.
-    assert "| Pendulum-v1 (`ppo_ext_clip`) | met | -151.7 vs -226.7 (+75.0) |" in text
+    # The other suite's sections are there as they were.
+    assert "| `ppo_ext_clip` | 0.78 | [" in text
 
     assert report_cli.main([*argv, "--results", f"mujoco-1m={results_1m}"]) == 0
     text = out.read_text()
-    assert "### Pendulum-v1, suite `issue`" in text and "### Hopper-v5, suite `mujoco-1m`" in text
-    for suite, env in (("issue", "Pendulum-v1"), ("mujoco-1m", "Hopper-v5")):
+    assert "### Pendulum-v1, suite `300k`" in text and "### Hopper-v5, suite `mujoco-1m`" in text
+    for suite, env in (("300k", "Pendulum-v1"), ("mujoco-1m", "Hopper-v5")):
         for name in ("", "-iqm", "-profile", "-improvement"):
             assert (figures / suite / f"{env}{name}.png").stat().st_size > 10_000
         assert f"![{env} learning curves ({suite})](figures/{suite}/{env}.png)" in text
@@ -717,67 +708,10 @@ def test_report_covers_several_suites_segments_and_mixed_machines(fixture_result
     split_cells = "| — (runs split across machines) | — (runs split across machines) | — (runs split across machines) | A+B |"
     kl_row = next(line for line in text.splitlines() if line.startswith("| `ppo_ext_kl` | 1 | 30000 |"))
     assert kl_row.endswith(f"| 30k (1/1 seeds: 30k) {split_cells}")
-    # Segments: one row per run (seeds whose segments read the same share one).
-    assert "## Runs, segments, machines and commits" in text
-    assert _en("| Hopper-v5 | `ppo` | 0~1 | 0~30k on A @ abc1234, ended 2026-11-30 |") in text
-    assert _en("| Hopper-v5 | `ppo_ext_clip` | 0~1 | 0~30k on A @ abc1234, ended 2026-11-30 |") in text
-    assert (
-        _en(
-            "| Hopper-v5 | `ppo_ext_clip` | 2 | 0~10k on A (host-a (2 cores)) @ abc1234, ended 2026-12-01; 10k~30k on B "
-            "(lent) @ def5678, ended 2026-12-02 (machines differ: timings left out) |"
-        )
-        in text
-    )
-    assert _en("| Pendulum-v1 | `ppo` | 0~4 | 0~30k on A @ unrecorded |") in text
-    # The 1M targets from the numbers: runs incomplete, so not measured yet, with the numbers so far.
-    assert (
-        "| best PPOExt variant IQM ≥ stock PPO's and ≥ TRPO's | Hopper-v5 (`ppo_ext_clip`) | not measured yet (runs "
-        "incomplete; so far met) | 2600.0 vs `ppo` 2050.0 (+550.0), `trpo` 1775.0 (+825.0) |"
-    ) in text
-    assert "Hopper-v5 (`ppo_ext_clip`): 1.00 [1.00, 1.00] so far" in text
 
 
 def _summary(algo: str, iqm: float) -> object:
     return stats.Summary(algo, [0, 1, 2], 1_000_000, np.array([iqm] * 3), iqm, (iqm, iqm), [], 1.0, 1.0, ("m",))
-
-
-def test_mujoco_1m_goal_from_the_numbers():
-    summaries = {
-        "Hopper-v5": [_summary("ppo", 2000.0), _summary("trpo", 2500.0), _summary("ppo_ext_kl", 2600.0)],
-        "Walker2d-v5": [_summary("ppo", 3000.0), _summary("trpo", 2000.0), _summary("ppo_ext_clip", 3100.0)],
-    }
-    found = {
-        "Hopper-v5": {("ppo_ext_kl", "ppo"): (0.9, (0.6, 1.0))},
-        "Walker2d-v5": {("ppo_ext_clip", "ppo"): (0.6, (0.2, 1.0))},
-    }
-    complete = {"Hopper-v5": True, "Walker2d-v5": True}
-
-    def table(**changes):
-        return "\n".join(targets.targets_1m_section("mujoco-1m", summaries, found, {**complete, **changes}))
-
-    text = table()
-    assert "| Hopper-v5 (`ppo_ext_kl`) | met | 2600.0 vs `ppo` 2000.0 (+600.0), `trpo` 2500.0 (+100.0) |" in text
-    assert "| Walker2d-v5 (`ppo_ext_clip`) | met |" in text
-    assert "on ≥ 1 env | Hopper-v5, Walker2d-v5 | met | Hopper-v5 (`ppo_ext_kl`): 0.90 [0.60, 1.00]; Walker2d-v5" in text
-    assert "| the goal: both targets above, on both envs | Hopper-v5, Walker2d-v5 | met | — |" in text
-    # Walker2d incomplete: not measured yet, the goal with it.
-    text = table(**{"Walker2d-v5": False})
-    assert "| Walker2d-v5 (`ppo_ext_clip`) | not measured yet (runs incomplete; so far met) |" in text
-    assert "| the goal: both targets above, on both envs | Hopper-v5, Walker2d-v5 | not measured yet | — |" in text
-    # TRPO ahead of the best variant on Walker2d: missed, and so the goal.
-    summaries["Walker2d-v5"][1] = _summary("trpo", 3200.0)
-    text = table()
-    assert "| Walker2d-v5 (`ppo_ext_clip`) | **missed** | 3100.0 vs `ppo` 3000.0 (+100.0), `trpo` 3200.0 (-100.0) |" in text
-    assert "| the goal: both targets above, on both envs | Hopper-v5, Walker2d-v5 | **missed** | — |" in text
-    # No env's CI above 0.5: the probability target is missed.
-    summaries["Walker2d-v5"][1] = _summary("trpo", 2000.0)
-    found["Hopper-v5"][("ppo_ext_kl", "ppo")] = (0.7, (0.5, 0.9))  # the CI touches 0.5: not excluded
-    text = table()
-    assert "on ≥ 1 env | Hopper-v5, Walker2d-v5 | **missed** |" in text
-    assert "| the goal: both targets above, on both envs | Hopper-v5, Walker2d-v5 | **missed** | — |" in text
-    # A baseline not run: not measured yet.
-    del summaries["Hopper-v5"][1]
-    assert "| best PPOExt variant IQM ≥ stock PPO's and ≥ TRPO's | Hopper-v5 | not measured yet | — |" in table()
 
 
 def test_report_names_runs_recorded_with_an_earlier_entry(tmp_path):
@@ -786,24 +720,24 @@ def test_report_names_runs_recorded_with_an_earlier_entry(tmp_path):
     current = entries.expected_hyperparams(spec)
     for seed in (0, 1, 2):
         _write_fixture_run(results, "ppo_ext_kl", seed, [-1000.0, -500.0], fps=1000.0, hyperparams=current)
-    assert sections.earlier_settings_section(report.SuiteResults("issue", results, records.load_runs(results))) == []
+    assert sections.earlier_settings_section(report.SuiteResults("300k", results, records.load_runs(results))) == []
     # Seeds 1 and 2 ran before the entry's learning rate and n_envs changed.
     earlier = {**current, "learning_rate": "0.01", "n_envs": "8"}
     for seed in (1, 2):
         _write_fixture_run(results, "ppo_ext_kl", seed, [-1000.0, -500.0], fps=1000.0, hyperparams=earlier)
-    lines = sections.earlier_settings_section(report.SuiteResults("issue", results, records.load_runs(results)))
+    lines = sections.earlier_settings_section(report.SuiteResults("300k", results, records.load_runs(results)))
     assert lines[-1] == f"- Pendulum-v1 `ppo_ext_kl`, seeds 1{sections.DASH}2: learning_rate, n_envs"
     assert "their numbers are those of the earlier settings" in lines[0]
     # Stale runs do not count toward a complete budget.
     budget = suites.EnvBudget("Pendulum-v1", 30_000, 3, 10_000, ("ppo_ext_kl",))
     runs = records.load_runs(results)
-    stale = report.earlier_settings("issue", runs)
+    stale = report.earlier_settings("300k", runs)
     assert set(stale) == {("Pendulum-v1", "ppo_ext_kl", 1), ("Pendulum-v1", "ppo_ext_kl", 2)}
     assert sections.budget_complete(budget, runs["Pendulum-v1"]) and not sections.budget_complete(
         budget, runs["Pendulum-v1"], stale
     )
     # The coverage table counts them per env; a validation suite's shipped-entry runs are exempt.
-    suite = report.SuiteResults("issue", results, runs)
+    suite = report.SuiteResults("300k", results, runs)
     assert suite.uncounted == stale
     assert "**partial** (2 runs with earlier settings) |" in "\n".join(sections.coverage_section(suite))
     assert report.SuiteResults("tuned-1m", results, runs).uncounted == {}
@@ -843,26 +777,31 @@ def test_improvements_compare_the_candidate_with_the_shipped_entry(fast_rliable)
 
 
 def test_report_results_and_keep_data_arguments(tmp_path, capsys):
-    assert report_cli.parse_results(["issue=a", "mujoco-1m=b"], "issue") == [("issue", Path("a")), ("mujoco-1m", Path("b"))]
+    assert report_cli.parse_results(["300k=a", "mujoco-1m=b"], "300k") == [("300k", Path("a")), ("mujoco-1m", Path("b"))]
     assert report_cli.parse_results(["x"], "pendulum") == [("pendulum", Path("x"))]  # a folder alone: --suite's
-    assert report_cli.parse_results(None, "issue") == [("issue", Path("logs/benchmark"))]
+    # No --results: every suite's committed record (from the repository).
+    assert report_cli.parse_results(None, "300k") == [
+        (suite, Path(f"docs/benchmarks/records/{suite}.jsonl"))
+        for suite in suites.SUITES
+        if Path(f"docs/benchmarks/records/{suite}.jsonl").is_file()
+    ]
     with pytest.raises(ValueError, match="unknown suite 'nosuch'"):
-        report_cli.parse_results(["nosuch=x"], "issue")
+        report_cli.parse_results(["nosuch=x"], "300k")
     with pytest.raises(ValueError, match="more than one results folder"):
-        report_cli.parse_results(["issue=a", "b"], "issue")
-    assert report_cli.parse_keep_data(None, ["issue", "mujoco-1m"]) == {
-        "issue": Path("docs/benchmarks/data"),
-        "mujoco-1m": Path("docs/benchmarks/data-1m"),
+        report_cli.parse_results(["300k=a", "b"], "300k")
+    assert report_cli.parse_keep_data(None, ["300k", "mujoco-1m"]) == {
+        "300k": Path("docs/benchmarks/records/300k.jsonl"),
+        "mujoco-1m": Path("docs/benchmarks/records/mujoco-1m.jsonl"),
     }
-    assert report_cli.parse_keep_data([""], ["issue", "mujoco-1m"]) == {}
-    assert report_cli.parse_keep_data(["d"], ["issue"]) == {"issue": Path("d")}
-    assert report_cli.parse_keep_data(["mujoco-1m=e"], ["issue", "mujoco-1m"]) == {"mujoco-1m": Path("e")}
-    with pytest.raises(ValueError, match="give SUITE=FOLDER"):
-        report_cli.parse_keep_data(["d"], ["issue", "mujoco-1m"])
+    assert report_cli.parse_keep_data([""], ["300k", "mujoco-1m"]) == {}
+    assert report_cli.parse_keep_data(["d"], ["300k"]) == {"300k": Path("d")}
+    assert report_cli.parse_keep_data(["mujoco-1m=e"], ["300k", "mujoco-1m"]) == {"mujoco-1m": Path("e")}
+    with pytest.raises(ValueError, match="give SUITE=FILE"):
+        report_cli.parse_keep_data(["d"], ["300k", "mujoco-1m"])
     assert report_cli.main(["--results", "nosuch=x", "--out", str(tmp_path / "r.md")]) == 2
     assert "unknown suite" in capsys.readouterr().err
     # No suite with a finished run: no report.
-    argv = ["--results", f"issue={tmp_path / 'a'}", "--results", f"mujoco-1m={tmp_path / 'b'}", "--keep-data", ""]
+    argv = ["--results", f"300k={tmp_path / 'a'}", "--results", f"mujoco-1m={tmp_path / 'b'}", "--keep-data", ""]
     assert report_cli.main([*argv, "--out", str(tmp_path / "r.md")]) == 1
     assert "no finished runs" in capsys.readouterr().err and not (tmp_path / "r.md").exists()
 
@@ -898,8 +837,17 @@ def test_report_refuses_a_corrupt_csv(fixture_results, tmp_path, capsys):
     assert f"{csv_path}: evaluation steps are not increasing: [0, 20000, 10000, 30000]" in capsys.readouterr().err
     csv_path.write_text("\n".join([lines[0], lines[1], "19.7277,10,840.270,190.4", *lines[2:]]) + "\n")
     assert report_cli.main(argv) == 1
-    assert f"{csv_path}: not a readable benchmark CSV" in capsys.readouterr().err
+    assert f"{csv_path}: not a readable benchmark record" in capsys.readouterr().err
     assert not out.exists()
+    # A record file: a torn line is named by its file and line.
+    record = tmp_path / "300k.jsonl"
+    record.write_text('{"marker": {}, "evaluations": {}}\n{"marker": ')
+    assert report_cli.main([*argv[:1], str(record), *argv[2:]]) == 1
+    err = capsys.readouterr().err
+    assert f"{record}:1: not a readable benchmark record" in err and f"{record}:2: not a run record" not in err
+    record.write_text(record.read_text().splitlines()[1] + "\n")
+    assert report_cli.main([*argv[:1], str(record), *argv[2:]]) == 1
+    assert f"{record}:1: not a run record" in capsys.readouterr().err
 
 
 def test_masked_suite_trains_stock_ppo_at_the_shipped_masked_entry():
@@ -976,10 +924,9 @@ def _curve_runs(algo, finals, curve_offset=0.0):
             "Pendulum-v1",
             algo,
             seed,
-            np.array([1000, 2000]),
-            np.array([-900.0 + curve_offset + seed, final]),
+            {"timesteps": [1000, 2000], "mean_return": [-900.0 + curve_offset + seed, final]},
             {"timesteps": 2000, "total_wall_time_s": 1.0, "env_steps_per_s": 1.0},
-            Path("."),
+            "fixture",
         )
         for seed, final in enumerate(finals)
     ]

@@ -114,6 +114,8 @@ def test_paused_run_continues_from_its_checkpoint(tiny, tmp_path, monkeypatch):
         (384, 1024, "second machine"),
     ]
     assert all(part["revision"] == marker["sb3_ppo_ext_revision"] for part in marker["segments"])
+    # Each segment names its CPU (where the OS says it): timings are compared within one kind of machine.
+    assert all(part["cpu_model"] == records.cpu_model() for part in marker["segments"])
     assert marker["total_wall_time_s"] == pytest.approx(sum(part["wall_time_s"] for part in marker["segments"]))
     assert not tiny.checkpoint_path.exists()  # finished: the CSV and marker are the result
     assert runner.is_finished(tiny)

@@ -104,10 +104,11 @@ def test_every_block_has_a_language_this_test_runs():
     assert unknown == []
 
 
-def test_the_readme_has_one_example_per_algorithm():
-    readme = [b.code for b in ALL_BLOCKS if b.path.name == "README.md" and b.language == "python"]
-    for algorithm in ("PPOExt", "MaskablePPOExt", "RecurrentPPOExt"):
-        assert any(re.search(rf"\b{algorithm}\(", code) for code in readme), algorithm
+def test_the_readme_and_each_algorithm_page_have_an_example():
+    pages = {"PPOExt": "README.md", "MaskablePPOExt": "maskable.md", "RecurrentPPOExt": "recurrent.md"}
+    for algorithm, page in pages.items():
+        code = [b.code for b in ALL_BLOCKS if b.path.name == page and b.language == "python"]
+        assert any(re.search(rf"\b{algorithm}\(", block) for block in code), (algorithm, page)
 
 
 # --- python ------------------------------------------------------------------------------------

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import check_fast_tier  # scripts/check_fast_tier.py (scripts/ is on the tests' sys.path)
 import pytest
-from benchmarks.sections import throughput_section, throughput_sections  # the report's (scripts/benchmarks/)
-from benchmarks.targets import speed_bars_section, targets_section
+from benchmarks.sections import throughput_table  # the report's (scripts/benchmarks/)
 from helpers import REPO_ROOT, SCRIPTS
 
 
@@ -24,11 +23,13 @@ def test_gpu_check_self_check_on_cpu(capsys):
 def test_throughput_json_is_cpu_time_based_and_read_by_the_report(tmp_path, capsys):
     """A tiny throughput.py run: CPU-time headline, wall clock beside it, and the keys the report reads."""
     throughput = runpy.run_path(str(SCRIPTS / "throughput.py"))
-    path = tmp_path / "throughput.json"
+    path = tmp_path / "throughput.jsonl"
+    path.write_text('{"an earlier": "measurement"}\n')
     argv = ["--steps", "64", "--n-envs", "2", "--n-steps", "32", "--n-epochs", "1", "--repeats", "2", "--warmup", "0"]
     result = throughput["main"]([*argv, "--json", str(path)])
-    saved = json.loads(path.read_text())
-    assert saved == json.loads(json.dumps(result))
+    earlier, line = path.read_text().splitlines()  # appended: one measurement a line
+    saved = json.loads(line)
+    assert saved == json.loads(json.dumps(result)) and json.loads(earlier) == {"an earlier": "measurement"}
     assert saved["clock"] == "process_time" and saved["hyperparams"]["n_steps"] == 32
     stock = saved["variants"]["stock PPO"]
     assert stock["ratio_of_medians"] == stock["ratio_of_bests"] == stock["median_of_paired_ratios"] == 1.0
@@ -36,9 +37,10 @@ def test_throughput_json_is_cpu_time_based_and_read_by_the_report(tmp_path, caps
         assert len(entry["fps"]) == len(entry["wall"]["fps"]) == 2
         assert entry["best"] == max(entry["fps"]) and entry["median"] == statistics.median(entry["fps"])
         assert entry["wall"]["best"] == max(entry["wall"]["fps"])
-    lines, ratios = throughput_section(saved)
-    assert set(ratios) >= {"PPOExt, squash on @ Pendulum-v1", "PPOExt, squash off @ Pendulum-v1 (best)"}
-    assert "process CPU time" in capsys.readouterr().out and lines
+    assert saved["machine"]["cpu_count"] and "cpu_model" in saved["machine"]
+    rows = [line for line in throughput_table([saved]) if line.startswith("| Pendulum-v1 |")]
+    assert [row.split(" | ")[1] for row in rows] == list(saved["variants"])
+    assert "process CPU time" in capsys.readouterr().out
 
 
 def test_gpu_check_covers_maskable_and_recurrent_on_cpu(capsys):
@@ -53,8 +55,8 @@ def test_gpu_check_covers_maskable_and_recurrent_on_cpu(capsys):
     assert out.count("kl_penalty") == 2 and "MISMATCH" not in out
 
 
-def test_throughput_families_and_the_report_targets(tmp_path):
-    """--family maskable / recurrent time the Ext class against its upstream class; the report sets their targets."""
+def test_throughput_families_and_the_report_table(tmp_path):
+    """--family maskable / recurrent time the Ext class against its upstream class; the report lists both."""
     throughput = runpy.run_path(str(SCRIPTS / "throughput.py"))
     measured = []
     for family, n_steps in (("maskable", 32), ("recurrent", 16)):
@@ -65,13 +67,8 @@ def test_throughput_families_and_the_report_targets(tmp_path):
         assert reference["ratio_of_medians"] == 1.0
         measured.append(result)
     assert next(iter(measured[0]["variants"])) == "MaskablePPO" and next(iter(measured[1]["variants"])) == "RecurrentPPO"
-    lines, ratios = throughput_sections(measured)
-    assert "### MaskablePPOExt ÷ MaskablePPO, InvalidActionEnvDiscrete" in lines
-    targets = "\n".join(targets_section("pendulum", {}, ratios))
-    assert "| MaskablePPOExt @ InvalidActionEnvDiscrete (all diagnostics on) |" in targets
-    assert "| RecurrentPPOExt, squash on @ Pendulum-v1 (all diagnostics on) |" in targets
-    assert "| throughput ratio ≥ 0.98 | PPOExt, squash off | not measured yet | — |" in targets
-    assert "(best) (all diagnostics on)" not in targets  # one row per measurement, the best runs inside it
+    rows = [line.split(" | ")[:2] for line in throughput_table(measured) if line.startswith("| ") and "---" not in line]
+    assert ["| InvalidActionEnvDiscrete", "MaskablePPO"] in rows and ["| Pendulum-v1", "RecurrentPPOExt, squash on"] in rows
 
 
 def test_upstream_tests_command_runs_whole_files_that_name_the_replaced_classes(tmp_path):
@@ -96,8 +93,8 @@ def test_upstream_tests_command_runs_whole_files_that_name_the_replaced_classes(
     assert "MaskablePPO = MaskablePPOExt" in upstream["SUITES"]["sb3-contrib"][1]
 
 
-def test_workload_measurement_and_the_speed_bars(tmp_path):
-    """--workload runs rl-zoo3's settings (normalize included); the report judges issue 22's bars by paired ratios."""
+def test_workload_measurement_and_the_current_measurement(tmp_path):
+    """--workload runs rl-zoo3's settings (normalize included); the report shows the newest measurement of each variant."""
     throughput = runpy.run_path(str(SCRIPTS / "throughput.py"))
     path = tmp_path / "mc.json"
     argv = ["--workload", "mountaincar", "--steps", "16", "--repeats", "1", "--warmup", "0"]
@@ -106,34 +103,26 @@ def test_workload_measurement_and_the_speed_bars(tmp_path):
     assert list(result["variants"]) == ["stock PPO", "PPOExt, squash off"]
     assert result["hyperparams"]["n_steps"] == 8 and result["hyperparams"]["use_sde"] is True
     saved = json.loads(path.read_text())  # schedules and classes are written by name
-    lines = speed_bars_section([saved])
+
+    def shown(throughputs):
+        return [line for line in throughput_table(throughputs) if line.startswith("| mountaincar (MountainCarContinuous-v0)")]
+
     paired = saved["variants"]["PPOExt, squash off"]["median_of_paired_ratios"]
-    status = "met" if paired >= 1.0 else "**missed**"
-    assert any(
-        line.startswith(f"| mountaincar | PPOExt, squash off | ≥ 1.0 | {paired:.3f} |") and status in line for line in lines
-    )
-    assert "| hopper | PPOExt, squash off | ≥ 1.2 | not measured yet | — | — |" in lines
-    # Two measurements of the same variant on the same workload: the newest is judged, in either order.
+    assert f"| {paired:.3f} |" in shown([saved])[1] and "16 steps x 1" in shown([saved])[1]
+    # Two measurements of the same variant on the same workload: the newest is shown, in either order.
     newer = json.loads(json.dumps(saved))
     newer["measured_at"] = "9999-01-01T00:00:00Z"
     newer["variants"]["PPOExt, squash off"]["median_of_paired_ratios"] = 0.5
     for order in ([saved, newer], [newer, saved]):
-        judged = speed_bars_section(order)
-        assert any(line.startswith("| mountaincar | PPOExt, squash off | ≥ 1.0 | 0.500 |") for line in judged)
-    newer["warm_model"] = True  # another protocol (SBX's reference row): not judged
-    assert any(
-        line.startswith(f"| mountaincar | PPOExt, squash off | ≥ 1.0 | {paired:.3f} |")
-        for line in speed_bars_section([saved, newer])
-    )
-    sections, _ = throughput_sections([saved])
-    assert any("`--workload mountaincar`" in line for line in sections)
-    assert any("python scripts/throughput.py --workload mountaincar --steps 16 --repeats 1" in line for line in sections)
+        assert len(shown(order)) == 2 and "| 0.500 |" in shown(order)[1]
+    newer["warm_model"] = True  # another protocol (SBX's reference row): shown beside the other
+    assert len(shown([saved, newer])) == 4
     with pytest.raises(SystemExit):
         throughput["main"]([*argv, "--variants", "no such variant"])
 
 
 def test_sbx_reference_row_runs_only_when_asked_for_and_says_what_it_needs(monkeypatch):
-    """SBX's PPO is issue 22's reference row: never in a default run; without SBX installed, a clear message."""
+    """SBX's PPO is a reference row: never in a default run; without SBX installed, a clear message."""
     import builtins
 
     throughput = runpy.run_path(str(SCRIPTS / "throughput.py"))

@@ -5,6 +5,9 @@
 (:mod:`benchmarks.runner`) writes both through this module, and the report reads them back through it
 (:func:`load_runs`), so the two agree on the names and fields by construction. A marker's ``segments``
 list the stretches of training a resumed run was trained in (:func:`run_segments`).
+
+A suite's finished runs are kept in one JSON-lines file (:func:`write_record`, read back by
+:func:`load_runs` like a results folder): one line per run, its marker and its evaluations by column.
 """
 
 from __future__ import annotations
@@ -62,11 +65,6 @@ MARKER_KEYS = tuple(DoneMarker.__annotations__)
 def run_stem(out: str | Path, env: str, algo: str, seed: int) -> Path:
     """``<out>/<env>/<algo>/seed<k>``: every file of a run is this path with its own suffix."""
     return Path(out) / env / algo / f"seed{seed}"
-
-
-def marker_path_of(csv_path: Path) -> Path:
-    """The done marker that finishes the run whose CSV is ``csv_path``."""
-    return csv_path.with_name(csv_path.name.removesuffix(CSV_SUFFIX) + MARKER_SUFFIX)
 
 
 def csv_path_of(marker_path: Path) -> Path:
@@ -158,6 +156,15 @@ def write_atomic(path: Path, data: str | bytes) -> None:
         file.write(data.encode() if isinstance(data, str) else data)
 
 
+def cpu_model() -> str | None:
+    """The CPU's model name as Linux reports it (``/proc/cpuinfo``), or None elsewhere."""
+    try:
+        with open("/proc/cpuinfo") as file:
+            return next((line.split(":", 1)[1].strip() for line in file if line.startswith("model name")), None)
+    except OSError:
+        return None
+
+
 def default_machine() -> str:
     """The label a segment records when ``--machine`` is not given: host name and core count."""
     return f"{platform.node() or 'unknown host'} ({os.cpu_count()} cores)"
@@ -195,59 +202,99 @@ def source_revision(folder: Path) -> str | None:
 
 @dataclasses.dataclass
 class Run:
-    """One finished run: its evaluation rows and its done marker."""
+    """One finished run: its evaluations (by :data:`CSV_FIELDS` column) and its done marker."""
 
     env: str
     algo: str
     seed: int
-    timesteps: np.ndarray
-    returns: np.ndarray
+    evaluations: dict[str, list[float]]
     marker: DoneMarker
-    csv_path: Path
+    source: str  # where it was read: its CSV, or a record file and line
+
+    @property
+    def timesteps(self) -> np.ndarray:
+        return np.array(self.evaluations["timesteps"], dtype=np.int64)
+
+    @property
+    def returns(self) -> np.ndarray:
+        return np.array(self.evaluations["mean_return"], dtype=np.float64)
 
 
 class BadRunError(ValueError):
-    """A finished run's CSV cannot be a benchmark's evaluation record."""
+    """A finished run's evaluations cannot be a benchmark's evaluation record."""
 
 
-def load_runs(results: Path) -> dict[str, dict[str, list[Run]]]:
+def _run(marker: DoneMarker, columns: dict[str, list[Any]], source: str) -> Run:
     """
-    Finished runs under ``results`` (``<env>/<algo>/seed<k>.csv`` with ``seed<k>.done.json``), by env and algo.
-    A folder that does not exist has none.
+    A :class:`Run` of a marker and its evaluation columns.
 
-    :raises BadRunError: a CSV that is unreadable or whose evaluation steps do not increase (e.g.
-        rows of two processes interleaved): the report is not built from it
+    :raises BadRunError: a column is missing or not numbers, or the evaluation steps do not increase
+        (e.g. rows of two processes interleaved)
     """
-    runs: dict[str, dict[str, list[Run]]] = {}
+    try:
+        evaluations = {field: [float(value) for value in columns[field]] for field in CSV_FIELDS}
+        evaluations["timesteps"] = [int(value) for value in columns["timesteps"]]
+        evaluations["episodes"] = [int(value) for value in columns["episodes"]]
+    except (KeyError, TypeError, ValueError) as error:
+        raise BadRunError(f"{source}: not a readable benchmark record ({type(error).__name__}: {error})") from error
+    if len({len(column) for column in evaluations.values()}) != 1:
+        raise BadRunError(f"{source}: its evaluation columns differ in length")
+    steps = evaluations["timesteps"]
+    if not steps or np.any(np.diff(steps) <= 0):
+        raise BadRunError(f"{source}: evaluation steps are not increasing: {steps}")
+    return Run(marker["env"], marker["algo"], int(marker["seed"]), evaluations, marker, source)
+
+
+def _read_folder(results: Path) -> Iterator[Run]:
+    """The finished runs of a results folder: ``<env>/<algo>/seed<k>.csv`` with ``seed<k>.done.json``."""
     for marker_path in find_markers(results):
         csv_path = csv_path_of(marker_path)
         if not csv_path.is_file():
             continue
-        marker = read_marker(marker_path)
         with open(csv_path, newline="") as file:
             rows = list(csv.DictReader(file))
-        try:
-            timesteps = np.array([int(row["timesteps"]) for row in rows])
-            returns = np.array([float(row["mean_return"]) for row in rows])
-        except (KeyError, TypeError, ValueError) as error:
-            raise BadRunError(f"{csv_path}: not a readable benchmark CSV ({error})") from error
-        if len(timesteps) == 0 or np.any(np.diff(timesteps) <= 0):
-            raise BadRunError(f"{csv_path}: evaluation steps are not increasing: {timesteps.tolist()}")
-        run = Run(
-            env=marker["env"],
-            algo=marker["algo"],
-            seed=int(marker["seed"]),
-            timesteps=timesteps,
-            returns=returns,
-            marker=marker,
-            csv_path=csv_path,
-        )
+        yield _run(read_marker(marker_path), {field: [row.get(field) for row in rows] for field in CSV_FIELDS}, str(csv_path))
+
+
+def _read_record(record: Path) -> Iterator[Run]:
+    """The runs of a record file (:func:`write_record`)."""
+    for number, line in enumerate(record.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                entry = json.loads(line)
+                marker, evaluations = entry["marker"], entry["evaluations"]
+            except (ValueError, KeyError, TypeError) as error:
+                raise BadRunError(f"{record}:{number}: not a run record ({error})") from error
+            yield _run(marker, evaluations, f"{record}:{number}")
+
+
+def load_runs(results: Path) -> dict[str, dict[str, list[Run]]]:
+    """
+    Finished runs, by env and algo: of a results folder (``<env>/<algo>/seed<k>.csv`` with
+    ``seed<k>.done.json``) or of a record file (``*.jsonl``, :func:`write_record`). A path that does
+    not exist has none.
+
+    :raises BadRunError: evaluations that are unreadable or whose steps do not increase: the report is
+        not built from them
+    """
+    runs: dict[str, dict[str, list[Run]]] = {}
+    found = _read_record(results) if results.is_file() else _read_folder(results)
+    for run in found:
         runs.setdefault(run.env, {}).setdefault(run.algo, []).append(run)
     order = [*ALGOS, *sorted({algo for by_algo in runs.values() for algo in by_algo} - set(ALGOS))]
     return {
         env: {algo: sorted(by_algo[algo], key=lambda run: run.seed) for algo in order if algo in by_algo}
         for env, by_algo in runs.items()
     }
+
+
+def write_record(runs: dict[str, dict[str, list[Run]]], path: Path) -> None:
+    """Write ``runs`` atomically to one JSON-lines file, one run a line (a suite's committed evidence)."""
+    lines = [
+        json.dumps({"marker": run.marker, "evaluations": run.evaluations}, separators=(",", ":")) for run in all_runs(runs)
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, "".join(f"{line}\n" for line in lines))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,7 +317,8 @@ def machine(marker: dict[str, Any]) -> str:
     only compared between runs of one machine.
     """
     versions = ", ".join(f"{key} {value}" for key, value in marker.get("versions", {}).items())
-    return f"{marker.get('cpu_count')} CPU cores; {versions}"
+    model = f" ({marker['cpu_model']})" if marker.get("cpu_model") else ""
+    return f"{marker.get('cpu_count')} CPU cores{model}; {versions}"
 
 
 def _segment_machine(segment: dict[str, Any], marker: dict[str, Any]) -> str:
@@ -280,7 +328,8 @@ def _segment_machine(segment: dict[str, Any], marker: dict[str, Any]) -> str:
     that is the last segment's). Timings compare within one kind; the segment's ``--machine``
     label, which names the machine, is listed with the segments.
     """
-    return machine({"cpu_count": segment.get("cpu_count"), "versions": segment.get("versions") or marker.get("versions", {})})
+    versions = segment.get("versions") or marker.get("versions", {})
+    return machine({"cpu_count": segment.get("cpu_count"), "cpu_model": segment.get("cpu_model"), "versions": versions})
 
 
 def run_segments(marker: dict[str, Any]) -> list[Segment]:

@@ -9,14 +9,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 from . import stats
 from .entries import changed_settings
 from .plots import plot_env, plot_improvements, plot_iqm, plot_profiles
-from .records import Run, RunSpec, all_runs, git_output, machine_labels, marker_path_of, run_segments
+from .records import Run, RunSpec, all_runs, git_output, machine_labels, run_segments
 from .sections import (
     budget_complete,
     coverage_section,
@@ -24,9 +23,7 @@ from .sections import (
     env_table,
     identical_to_stock,
     improvement_table,
-    segments_section,
-    setup_section,
-    throughput_sections,
+    throughput_table,
     tuning_section,
 )
 from .stats import Improvements, Summary, improvements, summarize
@@ -34,7 +31,6 @@ from .suites import (
     ALGOS,
     CANDIDATE,
     FAST_SUITES,
-    GOAL_1M_SUITES,
     HEADS_SUITES,
     MASKED_SUITES,
     REPO,
@@ -44,15 +40,7 @@ from .suites import (
     THRESHOLDS,
     VALIDATION_SUITES,
 )
-from .targets import (
-    fast_section,
-    heads_section,
-    masked_targets_section,
-    speed_bars_section,
-    targets_1m_section,
-    targets_section,
-    validation_section,
-)
+from .targets import fast_section, heads_section, masked_section, validation_section
 
 
 @dataclasses.dataclass
@@ -96,7 +84,7 @@ def earlier_settings(suite: str, runs: dict[str, dict[str, list[Run]]]) -> dict[
             budget["steps"],
             budget["eval_freq"],
             budget["eval_episodes"],
-            str(run.csv_path.parents[2]),
+            "",  # a spec's folder plays no part in its settings
             candidate=str(REPO / candidate) if run.algo == CANDIDATE and candidate else None,
         )
         try:
@@ -112,7 +100,7 @@ def _machines_paragraph(labels: dict[str, str]) -> list[str]:
     if len(labels) == 1:
         return [f"Machine: {next(iter(labels))}.", ""]
     return [
-        "Machines (column *machine* of the tables, and the segments of each run below): "
+        "Machines (column *machine* of the tables): "
         + "; ".join(f"**{label}**: {name}" for name, label in labels.items())
         + ". Wall-clock and env-steps/s depend on the machine: the ratio to stock PPO is only given within one, "
         "and a run whose segments ran on different machines is left out of the timings.",
@@ -199,10 +187,11 @@ def suite_section(
         lines += [
             f"Results: `{suite.folder}`. One torch thread per run, device {marker['budget']['device']}; sb3_ppo_ext "
             f"commits of the runs: {', '.join(revisions)}{unrecorded}.{package_code_note(revisions)} "
-            f"Evaluation: {marker['budget']['eval_episodes']} episodes.",
+            f"Evaluation: {marker['budget']['eval_episodes']} episodes. Each run's settings (entry, overrides, "
+            "hyperparameters) and segments (steps, machine, commit, times) are in its line of the record.",
             "",
         ]
-    lines += [f"### What was run (`{suite.name}`)", "", *coverage_section(suite), ""]
+    lines += [*coverage_section(suite), ""]
     earlier = earlier_settings_section(suite)
     lines += [*earlier, ""] if earlier else []
     title = f" ({suite.name})"
@@ -232,17 +221,14 @@ def suite_section(
         lines += [
             f"### {env}, suite `{suite.name}`",
             "",
-            f"Budget {budget['steps']} env steps, evaluation every {budget['eval_freq']} steps.",
+            f"Budget {budget['steps']} env steps, evaluation every {budget['eval_freq']} steps; then the probability of "
+            "improvement of the final returns.",
             "",
             *env_table(env_summaries, threshold, by_algo, env_identical, labels if len(labels) > 1 else None),
             "",
-            "Probability of improvement (final return):",
-            "",
             *improvement_table(env_summaries, found[env]),
             "",
-            f"![{env} learning curves ({suite.name})]({_relative(curves, out_md.parent)})",
-            "",
-            " ".join(rliable_figures),
+            " ".join([f"![{env} learning curves ({suite.name})]({_relative(curves, out_md.parent)})", *rliable_figures]),
             "",
         ]
     return lines, summaries, found
@@ -254,44 +240,17 @@ def _reproduce_section() -> list[str]:
         "",
         "```bash",
         'pip install -e ".[bench]"',
-        "python scripts/benchmark.py --suite issue --workers $(nproc)   # resumable: finished runs are skipped",
-        "# resumable in segments, on one machine or several (--stop-after MINUTES, --machine LABEL):",
-        "python scripts/benchmark.py --suite mujoco-1m --out docs/benchmarks/data-1m --workers $(nproc)",
-        "# a tuned entry on fresh seeds, beside the shipped one (the candidate: docs/benchmarks/study/candidates.yml):",
-        "python scripts/benchmark.py --suite tuned-1m --out docs/benchmarks/data-tuned-1m --workers $(nproc)",
-        "# masked tasks through the zoo (--algo ppo_mask_ext against stock PPO without masks):",
-        "python scripts/benchmark.py --suite masked --out docs/benchmarks/data-masked --workers $(nproc)",
-        "# the heads (clipped Gaussian, squashed Gaussian, Beta) at the shipped settings:",
-        "python scripts/benchmark.py --suite heads --out docs/benchmarks/data-heads --workers $(nproc)",
-        "# fast mode (policy_kwargs.fast: True) beside the shipped entry, 10 seeds on two tasks:",
-        "python scripts/benchmark.py --suite fast --out docs/benchmarks/data-fast --workers $(nproc)",
-        "python scripts/benchmark.py --suite fast-lstm --out docs/benchmarks/data-fast-lstm --workers $(nproc)",
-        "# throughput with rl-zoo3's settings (issue 22's workloads), 9 paired repeats each:",
-        "python scripts/throughput.py --workload cartpole --steps 8192 --repeats 9 \\",
-        '    --variants "PPOExt, squash off" "PPOExt, squash on" --json docs/benchmarks/throughput-cartpole.json',
-        "# likewise pendulum (--steps 8192), hopper, halfcheetah, mountaincar (4096) and lunarlander (16384)",
-        "python scripts/throughput.py --workload masked --steps 8192 --repeats 9 \\",
-        "    --json docs/benchmarks/throughput-maskable.json",
-        "python scripts/throughput.py --workload recurrent --steps 4096 --repeats 9 \\",
-        '    --variants "RecurrentPPOExt, squash off" "RecurrentPPOExt, fast" \\',
-        "    --json docs/benchmarks/throughput-recurrent.json",
-        'python scripts/throughput.py --workload hopper --steps 4096 --repeats 9 --variants "PPOExt, fast" \\',
-        "    --json docs/benchmarks/throughput-hopper-fast.json   # likewise halfcheetah",
-        "# the report (the GPU check's text: docs/benchmarks/gpu/note.md); copies the issue suite's inputs",
-        "# to docs/benchmarks/data:",
-        "python scripts/benchmark_report.py --results issue=logs/benchmark --results mujoco-1m=docs/benchmarks/data-1m \\",
-        "    --results tuned-1m=docs/benchmarks/data-tuned-1m --results masked=docs/benchmarks/data-masked \\",
-        "    --results heads=docs/benchmarks/data-heads --results fast=docs/benchmarks/data-fast \\",
-        "    --results fast-lstm=docs/benchmarks/data-fast-lstm \\",
-        "    --throughput docs/benchmarks/throughput*.json --notes docs/benchmarks/notes.md",
-        "# or rebuild this report from the committed inputs alone:",
-        "python scripts/benchmark_report.py --results issue=docs/benchmarks/data \\",
-        "    --results mujoco-1m=docs/benchmarks/data-1m --results tuned-1m=docs/benchmarks/data-tuned-1m \\",
-        "    --results masked=docs/benchmarks/data-masked --results heads=docs/benchmarks/data-heads \\",
-        "    --results fast=docs/benchmarks/data-fast --results fast-lstm=docs/benchmarks/data-fast-lstm \\",
-        "    --keep-data '' \\",
-        "    --throughput docs/benchmarks/throughput*.json --notes docs/benchmarks/notes.md \\",
-        "    --study sqlite:///docs/benchmarks/study/hopper-v5.db ppo_ext-hopper-500k",
+        "# each suite into logs/benchmark/SUITE (resumable: finished runs are skipped; --stop-after MINUTES and",
+        "# --machine LABEL cut a run into segments, on one machine or several):",
+        "python scripts/benchmark.py --suite 300k --out logs/benchmark/300k --workers $(nproc)",
+        "# likewise mujoco-1m, tuned-1m (the candidate: docs/benchmarks/study/candidates.yml), masked, heads, fast, fast-lstm",
+        "# throughput with rl-zoo3's settings, appended to the record (the report shows the newest of each):",
+        "python scripts/throughput.py --workload hopper --steps 4096 --repeats 15 \\",
+        '    --variants "PPOExt, squash off" "PPOExt, squash on" "PPOExt, fast" --json docs/benchmarks/throughput.jsonl',
+        "# the report from new runs of a suite (their records replace the suite's record file):",
+        "python scripts/benchmark_report.py --results 300k=logs/benchmark/300k",
+        "# or this report from the committed records alone:",
+        "python scripts/benchmark_report.py",
         "```",
         "",
     ]
@@ -339,33 +298,19 @@ def build_report(
     for suite in suites:
         section, summaries[suite.name], found[suite.name] = suite_section(suite, out_md, figures, labels, draw)
         lines += section
-    throughput_lines, ratios = throughput_sections(throughput)
-    lines += [
-        "## Throughput: each Ext algorithm ÷ its upstream algorithm, identical hyperparameters",
-        "",
-        *throughput_lines,
-        "",
-        "### Speed bars (issue 22)",
-        "",
-        *speed_bars_section(throughput or []),
-        "",
-        "## Targets",
-        "",
-    ]
+    lines += ["## Throughput", "", *throughput_table(throughput or []), "", "## Comparisons", ""]
     for suite in suites:
         complete = {b.env: budget_complete(b, suite.runs.get(b.env, {}), suite.uncounted) for b in SUITES[suite.name]}
-        if suite.name in GOAL_1M_SUITES:
-            table = targets_1m_section(suite.name, summaries[suite.name], found[suite.name], complete)
-        elif suite.name in VALIDATION_SUITES:
+        if suite.name in VALIDATION_SUITES:
             table = validation_section(suite.name, summaries[suite.name], found[suite.name], complete)
         elif suite.name in MASKED_SUITES:
-            table = masked_targets_section(suite.name, summaries[suite.name], found[suite.name], complete)
+            table = masked_section(suite.name, summaries[suite.name], found[suite.name], complete)
         elif suite.name in HEADS_SUITES:
             table = heads_section(suite.name, summaries[suite.name], found[suite.name], complete)
         elif suite.name in FAST_SUITES:
             table = fast_section(suite, summaries[suite.name], found[suite.name], complete)
         else:
-            table = targets_section(suite.name, summaries[suite.name], ratios, identical_to_stock(suite.runs))
+            continue  # the other suites compare with stock PPO and TRPO in their own sections
         lines += [f"### Suite `{suite.name}`", "", *table, ""]
     if yml is not None:
         # The ppo_ext.yml entries of the suites that train PPOExt (ppo_mask_ext.yml states its entries' sources).
@@ -375,25 +320,7 @@ def build_report(
     lines += ["## GPU check", "", gpu_note, ""]
     if notes:
         lines += ["## Findings", "", notes.strip(), ""]
-    lines += ["## Runs, segments, machines and commits", ""]
-    for suite in suites:
-        lines += [*segments_section(suite, labels), ""]
-    lines += ["## Settings of each run", ""]
-    for suite in suites:
-        if suite.runs:
-            lines += [f"### Suite `{suite.name}`", "", *setup_section(suite.runs), ""]
     lines += _reproduce_section()
     out_md.parent.mkdir(parents=True, exist_ok=True)
     out_md.write_text("\n".join(lines))
     return summaries
-
-
-def keep_data(runs: dict[str, dict[str, list[Run]]], folder: Path) -> None:
-    """Copy each run's CSV and done marker to ``folder/<env>/<algo>/`` (the report's committed evidence)."""
-    for run in all_runs(runs):
-        target = folder / run.env / run.algo
-        target.mkdir(parents=True, exist_ok=True)
-        marker = marker_path_of(run.csv_path)
-        for source in (run.csv_path, marker):
-            if source.resolve() != (target / source.name).resolve():
-                shutil.copyfile(source, target / source.name)

@@ -1,6 +1,6 @@
-"""The report's tables, one function per section: per-env results, throughput, coverage, settings, tuning, segments.
+"""The report's tables, one function per section: per-env results, throughput, coverage, tuning.
 
-Each returns markdown lines; the verdicts on each suite's targets are :mod:`benchmarks.targets`'.
+Each returns markdown lines; the comparisons each suite was run for are :mod:`benchmarks.targets`'.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .records import Run, is_mixed, run_segments
+from .records import Run
 from .stats import Improvements, Summary
 from .suites import ALGOS, CANDIDATE, SHIPPED, STOCK, SUITES, VALIDATION_SUITES
 
@@ -19,13 +19,6 @@ if TYPE_CHECKING:
     from .report import SuiteResults
 
 DASH = "\u2013"  # an en dash: ranges of steps and seeds (0-300k, seeds 0-15 with it)
-
-
-FAMILY_TITLES = {
-    "ppo": "PPOExt ÷ PPO",
-    "maskable": "MaskablePPOExt ÷ MaskablePPO",
-    "recurrent": "RecurrentPPOExt ÷ RecurrentPPO",
-}
 
 
 def _steps(value: float) -> str:
@@ -165,71 +158,57 @@ def improvement_table(summaries: list[Summary], found: Improvements) -> list[str
     return lines
 
 
-def throughput_sections(throughputs: list[dict[str, Any]]) -> tuple[list[str], dict[str, float]]:
-    """:func:`throughput_section` of each measurement, one subsection each, and all their ratios."""
-    if not throughputs:
-        return throughput_section(None)
-    lines: list[str] = []
-    ratios: dict[str, float] = {}
-    for throughput in throughputs:
-        family = throughput.get("family", "ppo")
-        section, section_ratios = throughput_section(throughput)
-        workload = f" (rl-zoo3's settings, `--workload {throughput['workload']}`)" if throughput.get("workload") else ""
-        lines += [f"### {FAMILY_TITLES.get(family, family)}, {throughput['env']}{workload}", "", *section, ""]
-        ratios.update(section_ratios)
-    return lines, ratios
+def current_throughputs(throughputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """
+    The measurements that are current: those that time some variant (other than the reference, the first) most
+    recently (``measured_at``) on its workload and protocol. Earlier measurements of the same are history.
+    """
+    newest: dict[tuple, dict[str, Any]] = {}
+    for throughput in sorted(throughputs, key=lambda t: t.get("measured_at", "")):
+        where = (throughput.get("family"), throughput.get("workload") or throughput["env"], bool(throughput.get("warm_model")))
+        for name in list(throughput["variants"])[1:]:
+            newest[(*where, name)] = throughput
+    return list({id(t): t for t in newest.values()}.values())
 
 
-def throughput_section(throughput: dict[str, Any] | None) -> tuple[list[str], dict[str, float]]:
-    """
-    Markdown lines for the throughput table, and the ratio of medians of each variant (keyed
-    ``"<variant> @ <env>"`` for a measurement that names its family, so that one variant measured on
-    two settings gives two targets).
-    """
-    if throughput is None:
-        return ["Not measured for this report (`scripts/throughput.py --json` output not given)."], {}
-    variants = throughput["variants"]
-    family = throughput.get("family")
-    suffix = f" @ {throughput['env']}" if family else ""
-    clock = throughput.get("clock", "wall")
-    how = (
-        "timed by the process CPU time of one single-threaded process (`time.process_time()`: time other processes "
-        "hold the CPU is not counted; wall clock in the JSON)"
-        if clock == "process_time"
-        else "timed by wall clock"
-    )
-    if throughput.get("workload"):
-        command = f"--workload {throughput['workload']} --steps {throughput['steps']} --repeats {throughput['repeats']}"
-    else:
-        command = (
-            f"{f'--family {family} ' if family else ''}--env {throughput['env']} --steps {throughput['steps']} "
-            f"--repeats {throughput['repeats']} --n-envs {throughput['n_envs']}"
-        )
+def _machine(throughput: dict[str, Any]) -> str:
     machine = throughput["machine"]
-    where = f"{machine['cpu_count']} CPU cores"
-    if machine.get("cpu_capability"):  # recorded from the sixteenth session on
-        where += f" (torch's CPU kernels: {machine['cpu_capability']})"
-    if throughput.get("commit"):
-        where += f", commit {throughput['commit']}"
+    return ", ".join(filter(None, [f"{machine['cpu_count']}-core", machine.get("cpu_model"), machine.get("cpu_capability")]))
+
+
+def throughput_table(throughputs: list[dict[str, Any]]) -> list[str]:
+    """One table of the current measurements (:func:`current_throughputs`), a row per variant, the reference first."""
+    current = current_throughputs(throughputs)
+    if not current:
+        return ["Not measured for this report (`scripts/throughput.py --json` output not given)."]
     lines = [
-        f"`python scripts/throughput.py {command} --json ...`, measured {throughput['measured_at']} on "
-        f"{where}, {how}; the variants interleaved (order reversed every "
-        f"other repeat); identical hyperparameters for all: `{throughput['hyperparams']}`. The Ext algorithms log "
-        "all their diagnostics in every variant (they are always on); the first row is the upstream reference.",
+        "Each Ext algorithm ÷ its upstream algorithm (the first row of each workload), identical hyperparameters "
+        "(rl-zoo3's for the workload), all diagnostics on: `python scripts/throughput.py --workload NAME --steps N "
+        "--repeats R`, timed by the process CPU time of one single-threaded process (`time.process_time()`: time "
+        "other processes hold the CPU is not counted), the variants interleaved (order reversed every other repeat). "
+        "`--warm-model` rows time each model after its first rollout (SBX compiles per model).",
         "",
-        "| variant | settings | median env-steps/s | ÷ reference (medians) | best env-steps/s | ÷ reference (bests) "
-        "| median of paired ratios |",
-        "|---|---|---|---|---|---|---|",
+        "| workload | variant | settings | median env-steps/s | ÷ reference (medians) | best env-steps/s "
+        "| ÷ reference (bests) | median of paired ratios | measured |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    ratios = {}
-    for name, entry in variants.items():
-        ratios[name + suffix] = entry["ratio_of_medians"]
-        paired = entry.get("median_of_paired_ratios")
-        lines.append(
-            f"| {name} | `{entry['kwargs']}` | {entry['median']:.0f} | {entry['ratio_of_medians']:.3f} | {entry['best']:.0f} "
-            f"| {entry['ratio_of_bests']:.3f} | {'—' if paired is None else f'{paired:.3f}'} |"
+    for throughput in current:
+        workload = throughput.get("workload") or throughput["env"]
+        title = f"{workload} ({throughput['env']})" if workload != throughput["env"] else workload
+        if throughput.get("warm_model"):
+            title += " (`--warm-model`)"
+        when = (
+            f"{throughput['measured_at'][:10]}, {throughput.get('commit') or 'commit not recorded'}, "
+            f"{throughput['steps']} steps x {throughput['repeats']}, {_machine(throughput)}"
         )
-    return lines, {**ratios, **{f"{name}{suffix} (best)": entry["ratio_of_bests"] for name, entry in variants.items()}}
+        for name, entry in throughput["variants"].items():
+            paired = entry.get("median_of_paired_ratios")
+            lines.append(
+                f"| {title} | {name} | `{entry['kwargs']}` | {entry['median']:.0f} | {entry['ratio_of_medians']:.3f} "
+                f"| {entry['best']:.0f} | {entry['ratio_of_bests']:.3f} | {'—' if paired is None else f'{paired:.3f}'} "
+                f"| {when} |"
+            )
+    return lines
 
 
 def budget_complete(budget: Any, by_algo: dict[str, list[Run]], stale: Iterable[tuple[str, str, int]] = ()) -> bool:
@@ -292,22 +271,6 @@ def earlier_settings_section(suite: SuiteResults) -> list[str]:
     return lines
 
 
-def setup_section(runs: dict[str, dict[str, list[Run]]]) -> list[str]:
-    lines = [
-        "| env | algorithm | description | hyperparameters from | overrides | n_envs | normalize |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for env, by_algo in runs.items():
-        for algo, algo_runs in by_algo.items():
-            marker = algo_runs[0].marker
-            overrides = ", ".join(f"{k}: {v}" for k, v in marker["overrides"].items()) or "—"
-            lines.append(
-                f"| {env} | `{algo}` | {marker['description']} | `{marker['hyperparams_source']}` | {overrides} | "
-                f"{marker['n_envs']} | {marker['normalize']} |"
-            )
-    return lines
-
-
 def tuned_comments(path: Path) -> dict[str, list[str]]:
     """
     The ``# Tuned`` comment block written above each tuned entry of a yml file (see
@@ -349,39 +312,4 @@ def tuning_section(suites: str | list[str], yml: Path, studies: list[tuple[str, 
         for storage, name in studies:
             study = optuna.load_study(study_name=name, storage=make_storage(storage))
             lines.append(f"- `{storage}`: {study_status(study)}")
-    return lines
-
-
-def _describe_segments(run: Run, labels: dict[str, str]) -> str:
-    """``0-500k on A @ 329b014, ended 2026-11-30; ...`` (steps, machine, sb3_ppo_ext commit, day it ended)."""
-    parts = []
-    for segment in run_segments(run.marker):
-        start = "0" if segment.from_timesteps == 0 else _steps(segment.from_timesteps)
-        where = labels[segment.machine] + (f" ({segment.label})" if segment.label else "")
-        text = f"{start}{DASH}{_steps(segment.to_timesteps)} on {where} @ {segment.revision or 'unrecorded'}"
-        if segment.ended_at:
-            text += f", ended {segment.ended_at[:10]}"
-        parts.append(text)
-    return "; ".join(parts) + (" (machines differ: timings left out)" if is_mixed(run) else "")
-
-
-def segments_section(suite: SuiteResults, labels: dict[str, str]) -> list[str]:
-    """
-    One row per run, listing its segments; seeds of one algorithm whose segments read the same
-    (same steps, machines, commits and days) share a row.
-    """
-    if not suite.runs:
-        return [f"Suite `{suite.name}`: no finished run yet."]
-    lines = [
-        f"Suite `{suite.name}`:",
-        "",
-        "| env | algorithm | seeds | segments: steps on machine @ sb3_ppo_ext commit, day it ended |",
-        "|---|---|---|---|",
-    ]
-    for env, by_algo in suite.runs.items():
-        for algo, algo_runs in by_algo.items():
-            rows: dict[str, list[int]] = {}
-            for run in algo_runs:
-                rows.setdefault(_describe_segments(run, labels), []).append(run.seed)
-            lines += [f"| {env} | `{algo}` | {_seed_list(seeds)} | {text} |" for text, seeds in rows.items()]
     return lines

@@ -1,9 +1,9 @@
-"""The benchmark's data: the algorithms (variants of yml entries), the suites (envs, budgets, seeds) and their targets.
+"""The benchmark's data: the algorithms (variants of yml entries), the suites (envs, budgets, seeds) and what they compare.
 
 The runner (:mod:`benchmarks.runner`) trains what :data:`ALGOS` and :data:`SUITES` name; the report
-(:mod:`benchmarks.report`) judges each suite by the kind it is (:data:`GOAL_1M_SUITES`, ...), its pairs
-(:data:`VARIANT_PAIRS`, :data:`SUITE_PAIRS`), :data:`THRESHOLDS`, :data:`THROUGHPUT_TARGETS` and issue 22's
-:data:`SPEED_BARS`.
+(:mod:`benchmarks.report`) compares each suite by the kind it is (:data:`MASKED_SUITES`, ...), its pairs
+(:data:`VARIANT_PAIRS`, :data:`SUITE_PAIRS`) and :data:`THRESHOLDS`, and reads each suite's runs from its
+record (:func:`record_path`).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ ALGOS: dict[str, tuple[str, dict[str, Any], str]] = {
         {"policy_kwargs": {"activation_fn": "tanh"}},
         "PPOExt, squashed head + clip with tanh hidden activations (policy_kwargs.activation_fn: tanh)",
     ),
-    # PPOExt's fast mode (issue 22): fused Adam; not bit for bit, so its learning curves are compared with the
+    # PPOExt's fast mode: fused Adam; not bit for bit, so its learning curves are compared with the
     # default's at 10 seeds ("fast" suite).
     "ppo_ext_fast": (
         "ppo_ext",
@@ -124,21 +124,21 @@ MUJOCO_1M_WALKER = ("ppo", "trpo", "ppo_ext_clip")
 
 MASKED = ("ppo_unmasked", "ppo_mask_ext", "ppo_mask_ext_kl")
 
-# The three heads at the shipped settings (issue 26): SB3's clipped Gaussian, the squashed Gaussian (the
+# The three heads at the shipped settings: SB3's clipped Gaussian, the squashed Gaussian (the
 # shipped entry as it is) and the Beta head, on bounded-action tasks, 10 seeds each; where the shipped
 # entry explores with gSDE (Pendulum-v1), also both Gaussian heads without it.
 HEADS = ("ppo_ext_gauss", "ppo_ext_clip", "ppo_ext_beta")
 HEADS_GSDE = (*HEADS, "ppo_ext_gauss_nosde", "ppo_ext_clip_nosde")
 
-# Fast mode against the default, the shipped entry otherwise (issue 22), 10 seeds on three tasks.
+# Fast mode against the default, the shipped entry otherwise, 10 seeds on three tasks.
 FAST = ("ppo_ext_clip", "ppo_ext_fast")
 FAST_LSTM = ("ppo_lstm_ext", "ppo_lstm_ext_fast")
 
-# The first suite (300k steps, issue 5) on a 2-core machine; "pendulum" is its first row alone.
+# Four tasks at 300k steps (Pendulum at 100k); "pendulum" is its first row alone.
 SUITE_300K = ("ppo", "ppo_ext_clip", "ppo_ext_kl", "ppo_ext_gauss")
 SUITES: dict[str, list[EnvBudget]] = {
     "pendulum": [EnvBudget("Pendulum-v1", 100_000, 5, 10_000, SUITE_300K)],
-    "issue": [
+    "300k": [
         EnvBudget("Pendulum-v1", 100_000, 5, 10_000, SUITE_300K),
         EnvBudget("LunarLanderContinuous-v3", 300_000, 3, 20_000, SUITE_300K),
         EnvBudget("Hopper-v5", 300_000, 3, 20_000, SUITE_300K),
@@ -151,14 +151,14 @@ SUITES: dict[str, list[EnvBudget]] = {
     # A tuned entry earns its place on fresh seeds: the Hopper-v5 study's best trial against the shipped
     # entry at 1M steps, on seeds 100-104 (the study's workers seeded their envs with seeds below 20).
     "tuned-1m": [EnvBudget("Hopper-v5", 1_000_000, 5, 20_000, (SHIPPED, CANDIDATE), first_seed=100)],
-    # The three Box heads (clipped Gaussian, squashed Gaussian, Beta) at the shipped settings (issue 26).
+    # The three Box heads (clipped Gaussian, squashed Gaussian, Beta) at the shipped settings.
     "heads": [
         EnvBudget("Pendulum-v1", 100_000, 10, 10_000, HEADS_GSDE),
         # The shipped entry's own budget (20k steps; at n_steps 8 a 300k-step run costs ~8 CPU-minutes).
         EnvBudget("MountainCarContinuous-v0", 20_000, 10, 2_000, HEADS),
         EnvBudget("LunarLanderContinuous-v3", 300_000, 10, 20_000, HEADS),
     ],
-    # Fast mode's learning curves against the default's (issue 22).
+    # Fast mode's learning curves against the default's.
     "fast": [
         EnvBudget("Pendulum-v1", 100_000, 10, 10_000, FAST),
         EnvBudget("LunarLanderContinuous-v3", 300_000, 10, 20_000, FAST),
@@ -168,7 +168,7 @@ SUITES: dict[str, list[EnvBudget]] = {
     ],
     # The same question for RecurrentPPOExt, on the partially observed tasks of its shipped entries (their budget).
     "fast-lstm": [
-        # 20 seeds: at 10 its IQM CIs parted at one evaluation of 11 (the sixteenth session added seeds 10-19).
+        # 20 seeds: at 10 its IQM CIs parted at one evaluation of 11.
         EnvBudget("PendulumNoVel-v1", 100_000, 20, 10_000, FAST_LSTM),
         EnvBudget("CartPoleNoVel-v1", 100_000, 10, 10_000, FAST_LSTM),
     ],
@@ -201,13 +201,20 @@ VARIANT_PAIRS = (
 )
 
 
-# Each suite's committed evidence (--keep-data's default); other suites: docs/benchmarks/data-<suite>.
-DATA_FOLDERS = {"issue": "docs/benchmarks/data", "mujoco-1m": "docs/benchmarks/data-1m"}
-# Suites judged by the mujoco-1m goal instead of issue 5's targets.
-GOAL_1M_SUITES = ("mujoco-1m",)
+# The committed evidence: one record file of finished runs per suite (the report's default input and --keep-data).
+RECORDS = Path("docs/benchmarks/records")
+
+
+def record_path(suite: str) -> Path:
+    """The suite's record file, relative to the repository: ``docs/benchmarks/records/<suite>.jsonl``."""
+    return RECORDS / f"{suite}.jsonl"
+
+
+# The Optuna studies the report's tuning section lists by default (storage, study name).
+STUDIES = (("sqlite:///docs/benchmarks/study/hopper-v5.db", "ppo_ext-hopper-500k"),)
 # Suites that validate a candidate entry against the shipped one (judged by validation_section).
 VALIDATION_SUITES = ("tuned-1m",)
-# Suites of masked tasks (judged by masked_targets_section: masked against unmasked).
+# Suites of masked tasks (masked_section: masked against unmasked).
 MASKED_SUITES = ("masked",)
 # Suites comparing the Box action heads (judged by heads_section): each head against the others, and the
 # Gaussian heads with their shipped gSDE against the same heads without it.
@@ -245,28 +252,4 @@ THRESHOLDS = {
     "Hopper-v5": 1000.0,
     "HalfCheetah-v5": 1000.0,
     "MountainCarContinuous-v0": 90.0,  # gymnasium's reward_threshold
-}
-THROUGHPUT_TARGETS = {
-    "PPOExt, squash off": 0.98,
-    "PPOExt, squash on": 0.95,
-    "MaskablePPOExt": 0.95,
-    "RecurrentPPOExt, squash off": 0.95,
-    "RecurrentPPOExt, squash on": 0.95,
-}
-# The speed bars of issue 22 for scripts/throughput.py --workload measurements: by (workload, variant), the
-# least median of paired ratios (Ext ÷ upstream, CPU time). "PPOExt, squash off" is bit for bit stock PPO.
-SPEED_BARS = {
-    **{(workload, "PPOExt, squash off"): 1.2 for workload in ("hopper", "halfcheetah", "cartpole")},
-    **{(workload, "PPOExt, squash off"): 1.1 for workload in ("pendulum", "lunarlander")},
-    ("mountaincar", "PPOExt, squash off"): 1.0,
-    **{
-        (workload, "PPOExt, squash on"): 1.1
-        for workload in ("hopper", "halfcheetah", "cartpole", "pendulum", "lunarlander", "mountaincar")
-    },
-    ("masked", "MaskablePPOExt"): 1.15,
-    ("recurrent", "RecurrentPPOExt, squash off"): 1.1,
-    # The fast mode (policy_kwargs=dict(fast=True)): not bit for bit.
-    ("hopper", "PPOExt, fast"): 1.4,
-    ("halfcheetah", "PPOExt, fast"): 1.4,
-    ("recurrent", "RecurrentPPOExt, fast"): 1.5,
 }

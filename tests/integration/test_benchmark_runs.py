@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import glob
 import itertools
 import json
 import os
@@ -142,12 +141,14 @@ def test_workers_exit_when_the_benchmark_process_is_killed(tmp_path):
 # the report's statistics at their full resample counts: about 2 CPU-minutes
 def test_committed_report_regenerates_byte_identically(tmp_path, monkeypatch, rliable_stats):
     """docs/BENCHMARKS.md is what its own regeneration command writes from docs/benchmarks/ (figures not drawn)."""
+    records = {path: path.read_bytes() for path in (REPO_ROOT / "docs" / "benchmarks" / "records").iterdir()}
     monkeypatch.chdir(REPO_ROOT)  # the command's paths are the repository's, as the report prints them
     out = tmp_path / "BENCHMARKS.md"  # beside figures/ as docs/BENCHMARKS.md is: the same figure paths
     figures = tmp_path / "benchmarks" / "figures"
     assert report_cli.main([*_regeneration_arguments(), "--out", str(out), "--figures", str(figures), "--no-figures"]) == 0
     assert out.read_bytes() == (REPO_ROOT / "docs" / "BENCHMARKS.md").read_bytes()
     assert not figures.exists()
+    assert {path: path.read_bytes() for path in records} == records  # read, not rewritten
 
 
 # benchmark.py in subprocesses
@@ -224,11 +225,11 @@ def _proc_state(pid: int) -> str:
 
 def _regeneration_arguments() -> list[str]:
     """
-    The arguments of the command that docs/BENCHMARKS.md gives last, to rebuild it from the committed inputs
-    alone (its Reproduce section), with the shell's globs expanded (from the repository).
+    The arguments of the command that docs/BENCHMARKS.md gives last, to rebuild it from the committed records
+    alone (its Reproduce section).
     """
     text = (REPO_ROOT / "docs" / "BENCHMARKS.md").read_text()
-    command = text.split("# or rebuild this report from the committed inputs alone:\n", 1)[1].split("\n```", 1)[0]
+    command = text.split("# or this report from the committed records alone:\n", 1)[1].split("\n```", 1)[0]
     words = shlex.split(command.replace("\\\n", " "))
     assert words[:2] == ["python", "scripts/benchmark_report.py"], words
-    return [found for word in words[2:] for found in (sorted(glob.glob(word, root_dir=REPO_ROOT)) if "*" in word else [word])]
+    return words[2:]

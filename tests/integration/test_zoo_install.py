@@ -7,6 +7,7 @@ editable). Budgets are tiny: these tests check the plumbing, not learning.
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import yaml
 from conftest import Venv, build_venv
 from helpers import REPO_ROOT
 
-# This module: a fresh venv per session, rl-zoo3 in subprocesses.
+# This module: one fresh venv per test run (conftest.py's installed_venv), rl-zoo3 in subprocesses.
 
 # Small and fast: one env, 256-step rollouts, no periodic evaluation, one torch thread.
 TINY = "-n 256 --eval-freq -1 --num-threads 1 --seed 0 -params n_envs:1 n_steps:256"
@@ -225,7 +226,8 @@ from sb3_ppo_ext import MaskablePPOExt, PPOExt, RecurrentPPOExt
 from sb3_ppo_ext.callbacks import KLAdaptiveLR, ParameterScheduler
 absent = [name for name in ("rl_zoo3", "optuna", "sqlalchemy", "psycopg") if importlib.util.find_spec(name) is not None]
 assert not absent, f"installed without an extra: {absent}"
-PPOExt("MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=64).learn(64, callback=KLAdaptiveLR(target_kl=0.01))
+# progress_bar=True: SB3's progress bar imports tqdm and rich, which the plain install brings.
+PPOExt("MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=64).learn(64, KLAdaptiveLR(target_kl=0.01), progress_bar=True)
 MaskablePPOExt("MlpPolicy", InvalidActionEnvDiscrete(dim=4, n_invalid_actions=1), n_steps=32, batch_size=32).learn(32)
 RecurrentPPOExt("MlpLstmPolicy", "CartPole-v1", n_steps=32, batch_size=32).learn(32)
 print("core ok", sorted(name for name in sys.modules if name.split(".")[0] in ("rl_zoo3", "optuna")))
@@ -320,6 +322,30 @@ def test_console_script_with_the_bench_extra(tmp_path_factory: pytest.TempPathFa
     """A fresh venv with `pip install ".[bench]"` (rliable, Box2D, MuJoCo): its `rl_zoo3` console script works."""
     venv = build_venv(tmp_path_factory.mktemp("bench") / "venv", "[bench]")
     _console_script_commands(venv, workdir)
+
+
+@pytest.mark.parametrize("extras", ["render,test", "render,bench"])
+def test_one_pygame_distribution(tmp_path_factory: pytest.TempPathFactory, extras: str):
+    """
+    pip's resolver, in a fresh venv, installs one pygame distribution for ``.[render,test]`` and ``.[render,bench]``
+    (pygame and pygame-ce both write ``pygame/``): a dry run with ``--report``, so nothing is downloaded but metadata.
+    """
+    from conftest import TORCH_REQUIREMENT, copy_repo
+
+    root = tmp_path_factory.mktemp("pygame")
+    source = copy_repo(root / "src")
+    subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True)
+    report = root / "report.json"
+    pip = [str(root / "venv" / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    result = subprocess.run(
+        [*pip, "--dry-run", "--report", str(report), TORCH_REQUIREMENT, f"{source}[{extras}]"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    names = [item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]]
+    assert [name for name in names if name.startswith("pygame")] == ["pygame-ce"], names
 
 
 def test_masked_algorithm_on_taxi_train_enjoy_continue_optimize(installed_venv: Venv, workdir: Path):
