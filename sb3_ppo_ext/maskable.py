@@ -132,7 +132,8 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[
 
     The environment provides ``action_masks()`` (or is wrapped in sb3-contrib's ``ActionMasker``);
     ``predict(obs, action_masks=...)`` as upstream; a ``predict`` without masks for a model trained with them
-    issues a :class:`MissingActionMasksWarning` (once per model). Masks are checked on every rollout step and in
+    issues a :class:`MissingActionMasksWarning` (at every such call; Python's warning filters decide how often it
+    shows). Masks are checked on every rollout step and in
     ``predict`` (:func:`check_action_masks`): a mask of the wrong shape or dtype, or one that allows no
     action (for MultiDiscrete and MultiBinary: no value of a sub-action), is a ``ValueError``.
 
@@ -323,7 +324,7 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[
         :class:`sb3_ppo_ext.envs.MaskedObservations`, for loops that pass no masks, such as rl-zoo3's
         ``enjoy``). With neither, the action is unmasked, as upstream's; if the model's masks are in
         play (its last ``learn`` used them, or, before any ``learn``, its env provides
-        ``action_masks()``), the first such call of the model issues a :class:`MissingActionMasksWarning`.
+        ``action_masks()``), the call issues a :class:`MissingActionMasksWarning`.
 
         :param observation: the input observation
         :param state: The last hidden states (unused: the policy is not recurrent)
@@ -335,8 +336,7 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[
         """
         if action_masks is None:
             action_masks = masks_of(observation)
-            if action_masks is None and not self._warned_missing_masks and self._masks_in_play():
-                self._warned_missing_masks = True
+            if action_masks is None and self._masks_in_play():
                 warnings.warn(
                     f"{type(self).__name__}.predict was given no action_masks (and the observation carries none) for a "
                     "model that acts with masks (trained with them, or on an env that provides action_masks()): the action "
@@ -344,8 +344,7 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[
                     "action_masks=get_action_masks(vec_env)) (sb3_contrib.common.maskable.utils), evaluate with "
                     "sb3_contrib.common.maskable.evaluation.evaluate_policy or MaskableEvalCallback, or, for a loop that "
                     "cannot pass masks, step a sb3_ppo_ext.envs.MaskedObservations VecEnv (outermost) and hand its "
-                    "observations to predict unchanged (a copy, a slice or a wrapper above it drops the masks). "
-                    "Warned once per model",
+                    "observations to predict unchanged (a copy, a slice or a wrapper above it drops the masks)",
                     MissingActionMasksWarning,
                     stacklevel=2,
                 )
@@ -357,8 +356,6 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[
             check_action_masks(action_masks, self.action_space, n_rows, f"{type(self).__name__}.predict")
         return super().predict(observation, state, episode_start, deterministic, action_masks=action_masks)
 
-    # Whether predict has issued its MissingActionMasksWarning (per model; not saved).
-    _warned_missing_masks: bool = False
     # The use_masking of the model's last learn (saved with it); None before any learn.
     trained_with_masks: bool | None = None
 
@@ -369,9 +366,6 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[
         from sb3_contrib.common.maskable.utils import is_masking_supported
 
         return self.env is not None and is_masking_supported(self.env)
-
-    def _excluded_save_params(self) -> list[str]:
-        return [*super()._excluded_save_params(), "_warned_missing_masks"]
 
     def learn(  # type: ignore[override]
         self: SelfMaskablePPOExt,
