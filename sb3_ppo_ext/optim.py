@@ -9,9 +9,10 @@ argument checks, per-parameter state lookups): the same gradients, norms, moment
 bit. A test compares them with the installed torch over many steps and fails if a torch release changes its
 arithmetic. Any other optimizer or setting, a ``step`` or ``zero_grad`` set on the optimizer instance, an optimizer hook
 (its own or torch's global ones), Adam's first step (which creates its state), and any of torch's three functions
-replaced by code that is not torch's (a user's patch of ``Adam.step``, ``Optimizer.zero_grad`` or
-``torch.nn.utils.clip_grad_norm_``, which SB3's PPO looks up at each call) goes through torch's own calls, as
-under SB3's PPO.
+replaced by code that is not torch's (a user's patch of ``Adam.step``, ``Optimizer.zero_grad``,
+``torch.nn.utils.clip_grad_norm_`` or the functions these call: torch's functional ``adam`` and its
+implementations, ``clip_grad``'s total norm and scaling), and torch's profiler running, goes through torch's own
+calls, as under SB3's PPO. These are checked once per update.
 
 On the multi-tensor path, a parameter group's Adam state also moves into flat buffers (:class:`FlatAdamGroup`):
 each parameter's ``exp_avg``, ``exp_avg_sq`` and ``step`` in ``optimizer.state`` become views of one buffer each,
@@ -72,6 +73,23 @@ def torchs_own(function: object) -> bool:
             return False
         function = getattr(function, "__wrapped__", None)
     return True
+
+
+def _torchs_functions() -> bool:
+    """
+    Whether every function SB3's three calls run through is torch's own code (no user's patch at any layer:
+    ``Optimizer.zero_grad``, ``Adam.step`` and the functional ``adam`` it dispatches to, ``clip_grad_norm_`` and
+    the two functions it calls), and torch's profiler is off (the lean calls have no profiling scopes).
+    """
+    from torch.autograd import profiler
+    from torch.nn.utils import clip_grad
+    from torch.optim import adam
+
+    functions = (
+        th.optim.Optimizer.zero_grad, th.optim.Adam.step, adam.adam, adam._multi_tensor_adam, adam._fused_adam,
+        th.nn.utils.clip_grad_norm_, clip_grad._get_total_norm, clip_grad._clip_grads_with_norm_,
+    )  # fmt: skip
+    return all(torchs_own(function) for function in functions) and not profiler._is_profiler_enabled
 
 
 def _runs_optimizer_hooks(optimizer: th.optim.Optimizer) -> bool:
@@ -263,22 +281,17 @@ class OptimizerStep:
         self.optimizer, self.parameters, self.max_norm = optimizer, parameters, float(max_norm)
         self.optimized = [p for group in optimizer.param_groups for p in group["params"]]
         layouts = {(p.device, p.dtype) for p in parameters}
-        self._lean_clip = (
-            len(layouts) == 1
-            and all(type(p) in (th.Tensor, th.nn.Parameter) for p in parameters)
-            and torchs_own(th.nn.utils.clip_grad_norm_)
-        )
+        torchs = _torchs_functions()
+        self._lean_clip = torchs and len(layouts) == 1 and all(type(p) in (th.Tensor, th.nn.Parameter) for p in parameters)
         # A step or zero_grad set on the optimizer instance (a user's wrapper, as for stock PPO) is called as it is.
         patched = vars(optimizer)
         self._lean_zero_grad = (
-            type(optimizer).zero_grad is th.optim.Optimizer.zero_grad
-            and "zero_grad" not in patched
-            and torchs_own(th.optim.Optimizer.zero_grad)
+            type(optimizer).zero_grad is th.optim.Optimizer.zero_grad and "zero_grad" not in patched and torchs
         )
         self._lean_adam = (
             type(optimizer) is th.optim.Adam
             and "step" not in patched
-            and torchs_own(th.optim.Adam.step)
+            and torchs
             and all(_adam_mode(group) is not None for group in optimizer.param_groups)
             and all(not p.is_complex() and type(p) in (th.Tensor, th.nn.Parameter) for p in self.optimized)
             and all(len({(p.device, p.dtype) for p in group["params"]}) <= 1 for group in optimizer.param_groups)

@@ -10,7 +10,18 @@ import numpy as np
 import pytest
 import torch as th
 from gymnasium import spaces
-from helpers import LSTM_POLICY, LSTM_TINY, MASK_ENVS, MASK_TINY, BrokenRewardEnv, ImageEnv, Member, RecordingBoxEnv, quiet
+from helpers import (
+    FAMILY,
+    LSTM_POLICY,
+    LSTM_TINY,
+    MASK_ENVS,
+    MASK_TINY,
+    BrokenRewardEnv,
+    ImageEnv,
+    Member,
+    RecordingBoxEnv,
+    quiet,
+)
 from helpers import TINY_NET as TINY
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
@@ -387,3 +398,39 @@ def test_user_patches_and_torch_hooks_run_at_every_minibatch_step_as_under_upstr
     assert upstream["Adam.step"] > 1
     assert ext == upstream
     assert set(ext) == {"Adam.step", "clip_grad_norm_", "global hook", "own hook"}
+
+
+@pytest.mark.parametrize(
+    "module, name",
+    [("torch.optim.adam", "adam"), ("torch.nn.utils.clip_grad", "_get_total_norm")],
+    ids=["functional_adam", "clip_total_norm"],
+)
+def test_a_patch_below_torchs_three_calls_runs_as_under_upstream(module, name, monkeypatch):
+    """A user's replacement of a function that Adam.step or clip_grad_norm_ calls runs once per minibatch step, as upstream."""
+    import importlib
+
+    target = importlib.import_module(module)
+    original, counts = getattr(target, name), []
+
+    def patched(*args, **kwargs):
+        counts.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, patched)
+    seen = []
+    for algorithm in (FAMILY["ppo"].upstream, FAMILY["ppo"].algorithm):
+        counts.clear()
+        model = algorithm("MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=16, n_epochs=2, seed=0)
+        model.learn(64)
+        seen.append(len(counts))
+    assert seen[0] == seen[1] == 8
+
+
+def test_the_update_under_torchs_profiler_records_torchs_optimizer_scopes():
+    """With torch's profiler on, the optimizer calls are torch's own (their profiling scopes are recorded)."""
+    model = PPOExt("MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=32, n_epochs=1, seed=0)
+    model.learn(64)  # Adam's state exists: the lean step would apply
+    with th.profiler.profile(activities=[th.profiler.ProfilerActivity.CPU]) as profile:
+        model.learn(64, reset_num_timesteps=False)
+    names = {event.name for event in profile.events()}
+    assert any("Adam.step" in name for name in names) and any("zero_grad" in name for name in names)

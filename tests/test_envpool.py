@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 import gymnasium as gym
@@ -14,7 +15,10 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor, VecNormali
 from sb3_ppo_ext import PPOExt
 from sb3_ppo_ext.envpool import EnvPoolVecEnv
 
-pytestmark = pytest.mark.skipif(sys.version_info < (3, 11), reason="EnvPool 1.2.5 has wheels for Python >= 3.11 only")
+pytestmark = pytest.mark.skipif(
+    sys.version_info < (3, 11) or importlib.util.find_spec("envpool") is None,
+    reason="EnvPool 1.2.5 has wheels for Linux x86-64 and Python >= 3.11 only",
+)
 
 TINY = dict(n_steps=32, batch_size=64, n_epochs=1, policy_kwargs=dict(net_arch=[16]), device="cpu")
 
