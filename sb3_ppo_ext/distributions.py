@@ -127,7 +127,7 @@ def direct_gaussian(
     log_half_range_sum: float | None = None,
     noise: th.Tensor | None = None,
     scale_terms: tuple[th.Tensor, th.Tensor] | None = None,
-) -> tuple[th.Tensor, th.Tensor, tuple[th.Tensor, th.Tensor]]:
+) -> tuple[th.Tensor, th.Tensor]:
     """
     A rollout step of SB3's ``DiagGaussianDistribution`` or ``StateDependentNoiseDistribution`` (or
     of the squashed head over either, with ``log_half_range_sum``) without distribution objects:
@@ -140,7 +140,7 @@ def direct_gaussian(
     :param log_half_range_sum: the squashed head's constant; ``None`` for the unsquashed Gaussian
     :param noise: gSDE's exploration noise (``get_noise`` of the latent); ``None``: a diagonal Gaussian's draw
     :param scale_terms: :func:`gaussian_scale_terms` of ``scale`` where computed beforehand (the same values)
-    :return: actions (pre-squash for the squashed head), their log-probability and the Gaussian's ``(loc, scale)``
+    :return: actions (pre-squash for the squashed head) and their log-probability
     """
     if deterministic:
         actions = mean
@@ -152,7 +152,7 @@ def direct_gaussian(
         log_prob = squashed_log_prob(actions, mean, scale, log_half_range_sum, scale_terms)
     else:
         log_prob = gaussian_log_prob(actions, mean, scale, scale_terms)
-    return actions, log_prob, (mean, scale)
+    return actions, log_prob
 
 
 def gaussian_step_from_noise(
@@ -205,7 +205,7 @@ def gaussian_log_prob_constant(log_scale: np.ndarray, log_half_range_sum: float 
 
 def direct_categorical(
     action_logits: th.Tensor, deterministic: bool, masks: th.Tensor | np.ndarray | None = None, masked: bool = False
-) -> tuple[th.Tensor, th.Tensor, tuple[th.Tensor]]:
+) -> tuple[th.Tensor, th.Tensor]:
     """
     A rollout step of SB3's ``CategoricalDistribution`` (``masked``: of sb3-contrib's
     ``MaskableCategoricalDistribution``, with or without ``masks``) without distribution objects,
@@ -216,7 +216,7 @@ def direct_categorical(
     :param deterministic: the most probable action instead of a sample (SB3's ``mode``)
     :param masks: the masks of the valid actions (``masked`` only)
     :param masked: the maskable distribution's steps
-    :return: actions (shape ``(batch,)``), their log-probability and the normalised logits
+    :return: actions (shape ``(batch,)``) and their log-probability
     """
     logits = action_logits - action_logits.logsumexp(dim=-1, keepdim=True)
     if masked:
@@ -230,7 +230,7 @@ def direct_categorical(
     else:
         actions = th.multinomial(probs.reshape(-1, probs.shape[-1]), 1, True).T.reshape(probs.shape[:-1])
     log_prob = logits.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
-    return actions, log_prob, (logits,)
+    return actions, log_prob
 
 
 class TanhSquashedDistribution(Distribution):

@@ -14,7 +14,8 @@ What differs per algorithm is three named seams, each a method the algorithm ove
 - :meth:`ExtUpdateEngine._valid_samples`: which samples of a minibatch count (the unpadded steps
   of a recurrent minibatch; ``None``: all of them);
 - :meth:`ExtUpdateEngine._samples_distribution`: a policy's action distribution on a minibatch
-  (or on the whole rollout, after the update: ``pi_new`` for the update's KL, beta and diagnostics).
+  (or on the whole rollout, before and after the update: ``pi_old`` and ``pi_new`` for the update's
+  KL, beta and diagnostics).
 
 ``pi_old``, the distribution each action was sampled from, is the policy before the update: at the
 start of ``train`` one pass without gradients scores the whole rollout (the update's KL is measured

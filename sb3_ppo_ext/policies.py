@@ -922,7 +922,7 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         dist = self.action_dist  # the squashed head wraps it per call (_get_action_dist_from_latent)
         latent_pi, values, head = self._step_outputs(obs)
         if kind == "categorical":
-            actions, log_prob, _ = direct_categorical(head, deterministic)
+            actions, log_prob = direct_categorical(head, deterministic)
             return self._acted(actions, values, log_prob)
         noise = scale_terms = None
         if kind == "gaussian" and not self.state_dependent_std:
@@ -933,7 +933,7 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
             latent_sde, scale = self._sde_scale(latent_pi)
             noise = None if deterministic else dist.get_noise(latent_sde)  # type: ignore[attr-defined]
         log_half_range_sum = self._log_half_range_sum if self.squash_output else None
-        actions, log_prob, _ = direct_gaussian(head, scale, deterministic, log_half_range_sum, noise, scale_terms)
+        actions, log_prob = direct_gaussian(head, scale, deterministic, log_half_range_sum, noise, scale_terms)
         return self._acted(actions, values, log_prob)
 
     def _sde_scale(self, latent_pi: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
@@ -1218,7 +1218,7 @@ class MaskablePPOExtPolicy(CheckedForward, NetworkLearningRates, MaskableActorCr
         if self.direct_head() is None:
             return None
         _, values, head = self._step_outputs(obs)
-        actions, log_prob, _ = direct_categorical(head, deterministic, action_masks, masked=True)
+        actions, log_prob = direct_categorical(head, deterministic, action_masks, masked=True)
         return self._acted(actions, values, log_prob)
 
     def evaluate_actions_and_distribution(
