@@ -8,8 +8,9 @@ entry (see ``ALGOS``). Every algorithm gets the same seeds and the same env-step
 Each run evaluates deterministically on a separate eval env (VecNormalize statistics synced from
 the training env when ``normalize`` is on) at step 0, at every multiple of ``--eval-freq`` below
 the budget and once more after the last update. It writes ``<out>/<env>/<algo>/seed<k>.csv``
-(``timesteps, mean_return, std_return, episodes, wall_time, fps``: ``wall_time`` is the training
-time so far, evaluations excluded, ``fps`` the env steps per second of that time) and then a
+(``timesteps, mean_return, std_return, episodes, wall_time, fps, cpu_time``: ``wall_time`` is the
+training time so far, evaluations excluded, ``fps`` the env steps per second of that time, ``cpu_time``
+the process's CPU time of that training, all threads, EnvPool's included) and then a
 ``seed<k>.done.json`` marker (total wall-clock, training time, env-steps/s, the hyperparameters
 used, versions, and the run's segments). Both are written to a temporary file and renamed. A
 restarted benchmark skips runs whose marker matches the requested budget and settings.
@@ -42,6 +43,8 @@ never blocks a restart. Worker processes exit when the benchmark process that st
     python scripts/benchmark.py --suite tuned-1m   # a tuned entry, fresh seeds
     python scripts/benchmark.py --suite heads      # clipped, squashed and Beta heads
     python scripts/benchmark.py --suite fast       # fast mode against the default
+    python scripts/benchmark.py --suite time-to-score             # the EnvPool entries, CPU-seconds to a score
+    python scripts/benchmark.py --suite time-to-score-references  # stock PPO (rl-zoo3's v4 settings), the 1-env entries
     python scripts/benchmark_report.py --results heads=logs/benchmark/heads   # the report; records the suite's runs
 
 A tuned entry is validated as ``ppo_ext_tuned``: the entry for the env in ``--candidate FILE`` (a

@@ -955,3 +955,50 @@ def test_interquartile_mean_is_rliables_iqm():
 
     scores = np.array([[-900.0, 3.0, 7.5, 1.0, -2.0, 40.0, 11.0, 0.5]]).T  # runs x 1 task, as rliable takes them
     assert stats.interquartile_mean(scores[:, 0]) == pytest.approx(metrics.aggregate_iqm(scores))
+
+
+def _timed_run(algo: str, seed: int, steps: list[int], cpu: list[float], returns: list[float]) -> records.Run:
+    evaluations = {"timesteps": steps, "mean_return": returns, "cpu_time": cpu}
+    return records.Run("Hopper-v5", algo, seed, evaluations, {}, "fixture")  # type: ignore[arg-type]
+
+
+def test_time_to_score_section_by_hand(tmp_path, rliable_stats):
+    from benchmarks import time_to_score
+
+    fast = [[0, 3100, 3200, 3300], [0, 2000, 3050, 3100], [0, 1000, 2000, 2500]]
+    slow = [[0, 800, 1000], [0, 900, 1100], [0, 1000, 1200]]
+    runs = {
+        "Hopper-v5": {
+            "ppo": [_timed_run("ppo", k, [0, 500_000, 1_000_000], [0, 500, 1000], r) for k, r in enumerate(slow)],
+            "ppo_ext_envpool": [
+                _timed_run("ppo_ext_envpool", k, [0, 500_000, 1_000_000, 1_500_000], [0, 100, 200, 300], r)
+                for k, r in enumerate(fast)
+            ],
+        }
+    }
+    assert [time_to_score.cpu_to_reach(run, 3000) for run in runs["Hopper-v5"]["ppo_ext_envpool"]] == [100, 200, np.inf]
+    run = runs["Hopper-v5"]["ppo_ext_envpool"][1]
+    assert time_to_score.return_at(run, time_to_score.cpu_seconds(run), 250) == 3050  # the last evaluation by then
+    assert np.isnan(time_to_score.return_at(run, time_to_score.cpu_seconds(run), 301))  # the run stopped before
+    lines = time_to_score.time_to_score_section(runs, tmp_path / "figures", tmp_path / "B.md")
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in lines if line.startswith("| ppo")}
+    # median CPU-s to 3000 of (100, 200, inf); IQM of 3 runs = their mean at 300 CPU-s (3300, 3100, 2500) and
+    # at 1M steps (3200, 3050, 2000); 1.5M steps in 300 CPU-s; stock's 1M-step IQM 1100 is reached at a median
+    # 1000 CPU-s by stock (inf, 1000, 1000) and 100 by the envpool runs (100, 100, 200): 10x sooner.
+    assert rows["ppo_ext_envpool"][2] == "200 (2/3)"
+    assert rows["ppo_ext_envpool"][3].startswith("2967 [")
+    assert rows["ppo_ext_envpool"][4] == "-"  # no run got to 600 CPU-s
+    assert rows["ppo_ext_envpool"][6].startswith("2750 [")
+    assert rows["ppo_ext_envpool"][7:] == ["5000", "10.0 |"]
+    assert rows["ppo"][2] == "never (0/3)" and rows["ppo"][7:] == ["1000", "1.0 |"]
+    assert "Stock PPO's 1M-step IQM: 1100." in lines
+    assert (tmp_path / "figures" / "time-to-score" / "Hopper-v5-cpu.png").stat().st_size > 0
+
+
+def test_record_without_cpu_time_reads_without_it(tmp_path):
+    _write_fixture_run(tmp_path, "ppo", 0, [-1200.0, -800.0], fps=1000.0)  # six columns, as before cpu_time
+    (run,) = records.load_runs(tmp_path)["Pendulum-v1"]["ppo"]
+    assert "cpu_time" not in run.evaluations and run.evaluations["fps"] == [1000.0, 1000.0]
+    from benchmarks import time_to_score
+
+    assert time_to_score.merged_runs({"time-to-score": {"Pendulum-v1": {"ppo": [run]}}}) == {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .suites import ALGOS, CANDIDATE, GAUSSIAN_HEAD_ONLY, REPO, SHIPPED_SETTINGS, SQUASHED_HEAD_ONLY, ZOO_OWN
+from .suites import ALGOS, CANDIDATE, CONF_FILES, GAUSSIAN_HEAD_ONLY, REPO, SHIPPED_SETTINGS, SQUASHED_HEAD_ONLY, ZOO_OWN
 
 if TYPE_CHECKING:
     from .records import RunSpec
@@ -45,6 +45,10 @@ def expected_hyperparams(spec: RunSpec) -> dict[str, str] | None:
         entry, _ = _zoo_entry(zoo_algo, spec.env)
     elif spec.algo == CANDIDATE:
         entry = candidate_entry(spec.candidate, spec.env)
+    elif spec.algo in CONF_FILES:
+        from sb3_ppo_ext import settings
+
+        entry = settings.load_hyperparams(spec.env, settings.HYPERPARAMS_DIR / CONF_FILES[spec.algo], algo)
     else:
         from sb3_ppo_ext import settings
 

@@ -25,7 +25,9 @@ import numpy as np
 
 from .suites import ALGOS
 
-CSV_FIELDS = ("timesteps", "mean_return", "std_return", "episodes", "wall_time", "fps")
+CSV_FIELDS = ("timesteps", "mean_return", "std_return", "episodes", "wall_time", "fps", "cpu_time")
+# Columns a record written before they existed lacks (absent from its Run's evaluations).
+OPTIONAL_FIELDS = ("cpu_time",)
 CSV_SUFFIX = ".csv"
 MARKER_SUFFIX = ".done.json"  # written after the CSV: a run with both is finished
 
@@ -44,6 +46,7 @@ class DoneMarker(TypedDict, total=False):
     timesteps: int
     final_mean_return: float
     train_time_s: float
+    train_cpu_s: float  # this process's CPU time (all threads) of training; markers written before it have none
     eval_time_s: float
     total_wall_time_s: float
     env_steps_per_s: float
@@ -171,8 +174,8 @@ def default_machine() -> str:
 
 
 def csv_row(row: tuple) -> list:
-    """An evaluation ``(timesteps, mean, std, episodes, wall_time, fps)`` as the CSV writes it."""
-    return [row[0], f"{row[1]:.6g}", f"{row[2]:.6g}", row[3], f"{row[4]:.3f}", f"{row[5]:.1f}"]
+    """An evaluation ``(timesteps, mean, std, episodes, wall_time, fps, cpu_time)`` as the CSV writes it."""
+    return [row[0], f"{row[1]:.6g}", f"{row[2]:.6g}", row[3], f"{row[4]:.3f}", f"{row[5]:.1f}", f"{row[6]:.3f}"]
 
 
 def git_output(folder: Path, *args: str) -> str:
@@ -231,8 +234,10 @@ def _run(marker: DoneMarker, columns: dict[str, list[Any]], source: str) -> Run:
     :raises BadRunError: a column is missing or not numbers, or the evaluation steps do not increase
         (e.g. rows of two processes interleaved)
     """
+    # An optional column a run was recorded without stays out of its evaluations.
+    missing = {field for field in OPTIONAL_FIELDS if all(value is None for value in columns.get(field) or [])}
     try:
-        evaluations = {field: [float(value) for value in columns[field]] for field in CSV_FIELDS}
+        evaluations = {field: [float(value) for value in columns[field]] for field in CSV_FIELDS if field not in missing}
         evaluations["timesteps"] = [int(value) for value in columns["timesteps"]]
         evaluations["episodes"] = [int(value) for value in columns["episodes"]]
     except (KeyError, TypeError, ValueError) as error:

@@ -41,6 +41,7 @@ from .suites import (
     VALIDATION_SUITES,
 )
 from .targets import fast_section, heads_section, masked_section, validation_section
+from .time_to_score import TIME_SUITES, merged_runs, time_to_score_section
 
 
 @dataclasses.dataclass
@@ -296,8 +297,14 @@ def build_report(
     summaries: dict[str, dict[str, list[Summary]]] = {}
     found: dict[str, dict[str, Improvements]] = {}
     for suite in suites:
+        if suite.name in TIME_SUITES:  # one section for both below
+            summaries[suite.name], found[suite.name] = {}, {}
+            continue
         section, summaries[suite.name], found[suite.name] = suite_section(suite, out_md, figures, labels, draw)
         lines += section
+    timed = merged_runs({suite.name: suite.runs for suite in suites})
+    if timed:
+        lines += time_to_score_section(timed, figures, out_md, draw)
     lines += ["## Throughput", "", *throughput_table(throughput or []), "", "## Comparisons", ""]
     for suite in suites:
         complete = {b.env: budget_complete(b, suite.runs.get(b.env, {}), suite.uncounted) for b in SUITES[suite.name]}

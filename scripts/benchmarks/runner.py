@@ -40,7 +40,7 @@ from .records import (
     write_atomic,
     write_marker,
 )
-from .suites import ALGOS, CANDIDATE, REPO, SHIPPED_SETTINGS, SUITE_CANDIDATES, SUITES, ZOO_OWN, EnvBudget
+from .suites import ALGOS, CANDIDATE, CONF_FILES, REPO, SHIPPED_SETTINGS, SUITE_CANDIDATES, SUITES, ZOO_OWN, EnvBudget
 
 try:
     import fcntl
@@ -83,22 +83,24 @@ def _make_eval_callback(
             super().__init__()
             self.writer = csv.writer(csv_file)
             self.writer.writerow(CSV_FIELDS)
-            self.rows: list[tuple] = [tuple(row) for row in progress["rows"]]
+            # A checkpoint written before the cpu_time column existed has rows of six.
+            self.rows: list[tuple] = [(*row, float("nan"))[: len(CSV_FIELDS)] for row in progress["rows"]]
             for row in self.rows:
                 self.writer.writerow(csv_row(row))
             csv_file.flush()
             self.next_eval = progress["next_eval"]
             self.train_before = progress["train_time_s"]
             self.eval_before = progress["eval_time_s"]
+            self.cpu_before = progress.get("train_cpu_s", 0.0)
             self.segments = list(progress["segments"])
-            self.start = 0.0
-            self.eval_time = 0.0  # this segment's
+            self.start = self.start_cpu = 0.0
+            self.eval_time = self.eval_cpu = 0.0  # this segment's
             self.rows_at_checkpoint = len(self.rows)
             self.checkpoint_timesteps = progress.get("timesteps")
             self.paused = False
 
         def _on_training_start(self) -> None:
-            self.start = time.perf_counter()
+            self.start, self.start_cpu = time.perf_counter(), time.process_time()
             if not self.rows:
                 self.evaluate()
 
@@ -129,6 +131,10 @@ def _make_eval_callback(
             """Training time of this segment so far (evaluations excluded)."""
             return time.perf_counter() - self.start - self.eval_time
 
+        def train_cpu(self) -> float:
+            """This process's CPU time (all threads) of training in this segment so far, evaluations excluded."""
+            return time.process_time() - self.start_cpu - self.eval_cpu
+
         def finished_segments(self) -> list[dict[str, Any]]:
             """The earlier segments and this one, up to now."""
             now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -147,6 +153,7 @@ def _make_eval_callback(
                 "next_eval": self.next_eval,
                 "train_time_s": self.train_before + self.train_time(),
                 "eval_time_s": self.eval_before + self.eval_time,
+                "train_cpu_s": self.cpu_before + self.train_cpu(),
                 "segments": self.finished_segments(),
             }
             write_atomic(spec.checkpoint_path, checkpoints.checkpoint_bytes(self.model, spec, progress))
@@ -154,15 +161,18 @@ def _make_eval_callback(
             self.checkpoint_timesteps = self.num_timesteps
 
         def evaluate(self) -> None:
-            began = time.perf_counter()
+            began, began_cpu = time.perf_counter(), time.process_time()
             train_time = self.train_before + began - self.start - self.eval_time
+            train_cpu = self.cpu_before + began_cpu - self.start_cpu - self.eval_cpu
             sync_envs_normalization(self.training_env, eval_env)
             returns, _ = evaluate_policy(
                 self.model, eval_env, n_eval_episodes=spec.eval_episodes, deterministic=True, return_episode_rewards=True
             )
             self.eval_time += time.perf_counter() - began
+            self.eval_cpu += time.process_time() - began_cpu
             fps = self.num_timesteps / train_time if train_time > 0 else 0.0
-            row = (self.num_timesteps, float(sum(returns) / len(returns)), float(_std(returns)), len(returns), train_time, fps)
+            mean = float(sum(returns) / len(returns))
+            row = (self.num_timesteps, mean, float(_std(returns)), len(returns), train_time, fps, train_cpu)
             self.rows.append(row)
             self.writer.writerow(csv_row(row))
             csv_file.flush()
@@ -299,6 +309,11 @@ def _run_locked(spec: RunSpec) -> dict[str, Any]:
 
             yml = ALGORITHMS[SHIPPED_SETTINGS[spec.algo]].hyperparams
             config, source = str(yml), f"sb3_ppo_ext/hyperparams/{yml.name}: {spec.env}"
+        elif spec.algo in CONF_FILES:
+            from sb3_ppo_ext.settings import HYPERPARAMS_DIR
+
+            yml_name = CONF_FILES[spec.algo]
+            config, source = str(HYPERPARAMS_DIR / yml_name), f"sb3_ppo_ext/hyperparams/{yml_name}: {spec.env}"
         elif zoo_algo in ZOO_OWN:
             config, source = zoo_config(zoo_algo, spec.env, folder)
         elif spec.algo == CANDIDATE:
@@ -324,7 +339,7 @@ def _run_locked(spec: RunSpec) -> dict[str, Any]:
         assert setup is not None
         model, saved_hyperparams = setup
         eval_env = manager.create_envs(1, eval_env=True)
-        progress = {"rows": [], "next_eval": 0, "train_time_s": 0.0, "eval_time_s": 0.0, "segments": []}
+        progress = {"rows": [], "next_eval": 0, "train_time_s": 0.0, "eval_time_s": 0.0, "train_cpu_s": 0.0, "segments": []}
         if state is not None:
             model = checkpoints.restore(model, state, spec, eval_env)
             progress = state
@@ -369,6 +384,7 @@ def _run_locked(spec: RunSpec) -> dict[str, Any]:
             "timesteps": model.num_timesteps,
             "final_mean_return": final[1],
             "train_time_s": final[4],
+            "train_cpu_s": final[6],
             "eval_time_s": evaluation.eval_before + evaluation.eval_time,
             "total_wall_time_s": sum(part["wall_time_s"] for part in segments),
             "env_steps_per_s": final[5],

@@ -77,6 +77,11 @@ ALGOS: dict[str, tuple[str, dict[str, Any], str]] = {
         {},
         "PPOExt, a candidate entry (--candidate FILE: a tuning study's best trial) instead of the shipped one",
     ),
+    "ppo_ext_envpool": (
+        "ppo_ext",
+        {},
+        "PPOExt, the shipped ppo_ext_envpool.yml entry: trains on EnvPool's batched envs, evaluates on gymnasium's env",
+    ),
     # Masked tasks: stock PPO at the shipped ppo_mask_ext.yml entry's settings (it never sees the masks),
     # MaskablePPOExt as shipped, and with the adaptive KL penalty between masked distributions instead of clipping.
     "ppo_unmasked": ("ppo", {}, "stock SB3 PPO (no masks), the shipped ppo_mask_ext.yml entry's settings"),
@@ -89,6 +94,8 @@ ALGOS: dict[str, tuple[str, dict[str, Any], str]] = {
 }
 # Algorithms of rl-zoo3 trained with the settings of a yml shipped here (by the --algo whose file it is).
 SHIPPED_SETTINGS = {"ppo_unmasked": "ppo_mask_ext"}
+# Variants whose entries come from another shipped yml (in sb3_ppo_ext/hyperparams/) than their --algo's own.
+CONF_FILES = {"ppo_ext_envpool": "ppo_ext_envpool.yml"}
 # Settings of the squashed head alone, left out when a variant turns the head off (a tuned entry
 # may set them; PPOExt raises for them on a Gaussian head, whose entropy has a closed form).
 SQUASHED_HEAD_ONLY = ("entropy_estimator",)
@@ -134,6 +141,10 @@ HEADS_GSDE = (*HEADS, "ppo_ext_gauss_nosde", "ppo_ext_clip_nosde")
 FAST = ("ppo_ext_clip", "ppo_ext_fast")
 FAST_LSTM = ("ppo_lstm_ext", "ppo_lstm_ext_fast")
 
+# Time to a score in CPU-seconds: the batched EnvPool entries, evaluated on gymnasium's env with 10 episodes
+# every 50k steps (about every 10 CPU-seconds); beside them stock PPO at rl-zoo3's v4 settings and the 1-env entries.
+TIME_TO_SCORE = ("ppo_ext_envpool",)
+TIME_TO_SCORE_REFERENCES = ("ppo", "ppo_ext_clip")
 # Four tasks at 300k steps (Pendulum at 100k); "pendulum" is its first row alone.
 SUITE_300K = ("ppo", "ppo_ext_clip", "ppo_ext_kl", "ppo_ext_gauss")
 SUITES: dict[str, list[EnvBudget]] = {
@@ -179,6 +190,20 @@ SUITES: dict[str, list[EnvBudget]] = {
         EnvBudget("InvalidActionEnvDiscrete-v0", 20_000, 5, 2_000, MASKED),
     ],
 }
+SUITES["time-to-score"] = [
+    EnvBudget("Hopper-v5", 2_000_000, 10, 50_000, TIME_TO_SCORE),
+    EnvBudget("Walker2d-v5", 3_000_000, 5, 50_000, TIME_TO_SCORE),
+    EnvBudget("HalfCheetah-v5", 3_000_000, 5, 50_000, TIME_TO_SCORE),
+    EnvBudget("Ant-v5", 4_000_000, 5, 50_000, TIME_TO_SCORE),
+]
+# The comparisons, at their own 1M-step budgets and seeds (5 each).
+SUITES["time-to-score-references"] = [
+    EnvBudget(env, 1_000_000, 5, 50_000, TIME_TO_SCORE_REFERENCES)
+    for env in ("Hopper-v5", "Walker2d-v5", "HalfCheetah-v5", "Ant-v5")
+]
+# The targets of the time-to-score report (return on gymnasium's env) and the CPU budgets it reads returns at.
+SCORE_TARGETS = {"Hopper-v5": 3000.0, "Walker2d-v5": 4500.0, "HalfCheetah-v5": 5000.0, "Ant-v5": 3000.0}
+CPU_BUDGETS = (300.0, 600.0, 1200.0)
 # The candidate file a suite validates, relative to the repository (--candidate replaces it).
 SUITE_CANDIDATES = {"tuned-1m": "docs/benchmarks/study/candidates.yml"}
 
