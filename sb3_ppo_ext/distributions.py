@@ -352,7 +352,7 @@ def torch_distributions(dist: Distribution) -> list[TorchDistribution]:
     if isinstance(dist, MaskableMultiCategoricalDistribution):  # MultiDiscrete and MultiBinary with masks
         return list(dist.distributions)
     if isinstance(dist, _ONE_TORCH_DISTRIBUTION):
-        return [dist.distribution]  # type: ignore[list-item]
+        return [dist.distribution]
     raise NotImplementedError(f"No analytic KL for {type(dist).__name__}")
 
 
@@ -375,10 +375,11 @@ def _kind(dist: TorchDistribution) -> str:
 
 def _build(kind: str, params: Sequence[th.Tensor]) -> TorchDistribution:
     """The ``kind`` distribution of ``params`` (in :data:`_KINDS` order), without argument validation."""
-    cls = _KINDS[kind][0]
-    if kind in ("categorical", "bernoulli"):
-        return cls(logits=params[0], validate_args=False)
-    return cls(*params, validate_args=False)
+    if kind == "normal":
+        return Normal(params[0], params[1], validate_args=False)
+    if kind == "beta":
+        return Beta(params[0], params[1], validate_args=False)
+    return (Categorical if kind == "categorical" else Bernoulli)(logits=params[0], validate_args=False)
 
 
 def index_distribution(dist: TorchDistribution, index: th.Tensor | slice) -> TorchDistribution:
