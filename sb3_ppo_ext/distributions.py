@@ -1,8 +1,4 @@
-"""
-Tanh-squashed Gaussian and Beta action distributions, their rollout steps without distribution objects,
-and the analytic KL. Both heads store and score a pre-squash value ``u``: see :doc:`/guide/squashed_head`
-and :doc:`/guide/beta_head`.
-"""
+"""The squashed Gaussian and Beta heads (:doc:`/guide/squashed_head`, :doc:`/guide/beta_head`), direct steps, analytic KL."""
 
 from __future__ import annotations
 
@@ -11,13 +7,10 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch as th
-from sb3_contrib.common.maskable.distributions import MaskableCategoricalDistribution, MaskableMultiCategoricalDistribution
+from sb3_contrib.common.maskable.distributions import MaskableMultiCategoricalDistribution
 from stable_baselines3.common.distributions import (
-    BernoulliDistribution,
-    CategoricalDistribution,
     DiagGaussianDistribution,
     Distribution,
-    MultiCategoricalDistribution,
     StateDependentNoiseDistribution,
     sum_independent_dims,
 )
@@ -56,14 +49,8 @@ def squashed_log_prob(
     scale_terms: tuple[th.Tensor, th.Tensor] | None = None,
 ) -> th.Tensor:
     """
-    :meth:`TanhSquashedDistribution.log_prob` from the base Gaussian's parameters.
-
-    :param actions: pre-squash values ``u``
-    :param loc: the base Gaussian's mean
-    :param scale: the base Gaussian's standard deviation
-    :param log_half_range_sum: ``sum(log((high - low) / 2))`` over the action dimensions
-    :param scale_terms: :func:`gaussian_scale_terms` of ``scale``, computed beforehand (the same values)
-    :return: log-density of the environment action, summed over action dimensions
+    :meth:`TanhSquashedDistribution.log_prob` of the pre-squash ``actions`` from the base Gaussian's ``loc`` and
+    ``scale`` (and its :func:`gaussian_scale_terms`, where computed beforehand: the same values).
     """
     z = (actions - loc) / scale
     jacobian = th.logaddexp(actions, -actions).mul(2.0)  # log(scale) after it: the update's graph unchanged
@@ -104,16 +91,9 @@ def direct_gaussian(
     scale_terms: tuple[th.Tensor, th.Tensor] | None = None,
 ) -> tuple[th.Tensor, th.Tensor]:
     """
-    A rollout step of SB3's ``DiagGaussianDistribution`` or ``StateDependentNoiseDistribution`` (or of the
-    squashed head over either) without distribution objects: the same operations, bits and random draws.
-
-    :param mean: the action head's output
-    :param scale: the Gaussian's standard deviation, as SB3's ``proba_distribution`` computes it
-    :param deterministic: the mean instead of a sample (SB3's ``mode``)
-    :param log_half_range_sum: the squashed head's constant; ``None`` for the unsquashed Gaussian
-    :param noise: gSDE's exploration noise; ``None``: a diagonal Gaussian's draw
-    :param scale_terms: :func:`gaussian_scale_terms` of ``scale`` where computed beforehand
-    :return: actions (pre-squash for the squashed head) and their log-probability
+    A rollout step (actions, log-probabilities) of SB3's ``DiagGaussianDistribution`` or
+    ``StateDependentNoiseDistribution`` (gSDE's ``noise`` given), squashed with ``log_half_range_sum``, without
+    distribution objects: the same operations, bits and random draws.
     """
     if deterministic:
         actions = mean
@@ -130,16 +110,10 @@ def gaussian_step_from_noise(
     mean: np.ndarray, scale: np.ndarray, noise: np.ndarray | None, log_prob_constant: float, squashed: bool
 ) -> tuple[np.ndarray, np.ndarray]:
     """
-    The fast mode's rollout step of a diagonal Gaussian head in NumPy: ``u = mean + scale * noise``, its
-    log-probability from the standard-normal draw (``-noise**2 / 2`` summed): the same density as torch's,
-    with float rounding of its own.
-
-    :param mean: the action head's output, ``(n, d)``
-    :param scale: the Gaussian's standard deviation, broadcastable to ``mean``
-    :param noise: the standard-normal draw of ``mean``'s shape; ``None``: the mean (SB3's ``mode``)
-    :param log_prob_constant: :func:`gaussian_log_prob_constant`
-    :param squashed: the tanh-squashed head: add ``2 * log(2 cosh u)`` per dimension
-    :return: actions and their log-probability ``(n,)``, NaN for a row whose mean is not finite (as torch's)
+    The fast mode's rollout step of a diagonal Gaussian head (``squashed`` or not) in NumPy: ``u = mean + scale *
+    noise`` (``noise=None``: the mean) and its log-probability from the standard-normal draw, ``-noise**2 / 2``
+    summed less :func:`gaussian_log_prob_constant`: torch's density with float rounding of its own (NaN where
+    ``mean`` is not finite).
     """
     if noise is None:
         actions, log_prob = mean, np.full(mean.shape[0], -log_prob_constant, dtype=mean.dtype)
@@ -169,15 +143,9 @@ def direct_categorical(
     action_logits: th.Tensor, deterministic: bool, masks: th.Tensor | np.ndarray | None = None, masked: bool = False
 ) -> tuple[th.Tensor, th.Tensor]:
     """
-    A rollout step of SB3's ``CategoricalDistribution`` (``masked``: sb3-contrib's
-    ``MaskableCategoricalDistribution``) without distribution objects, bit for bit: torch's ``Categorical``
-    normalises the logits, ``MaskableCategorical`` normalises them again after masking.
-
-    :param action_logits: the action head's output, ``(batch, n)``
-    :param deterministic: the most probable action instead of a sample (SB3's ``mode``)
-    :param masks: the masks of the valid actions (``masked`` only)
-    :param masked: the maskable distribution's steps
-    :return: actions ``(batch,)`` and their log-probability
+    A rollout step (actions, log-probabilities) of SB3's ``CategoricalDistribution`` (``masked``: sb3-contrib's
+    ``MaskableCategoricalDistribution``, with or without ``masks``) without distribution objects, bit for bit:
+    ``Categorical`` normalises the logits, ``MaskableCategorical`` normalises them again after masking.
     """
     logits = action_logits - action_logits.logsumexp(dim=-1, keepdim=True)
     if masked:
@@ -330,16 +298,6 @@ class BetaDistribution(Distribution):
         return actions, self.log_prob(actions)
 
 
-_ONE_TORCH_DISTRIBUTION = (
-    DiagGaussianDistribution,
-    StateDependentNoiseDistribution,
-    CategoricalDistribution,
-    BernoulliDistribution,
-    MaskableCategoricalDistribution,
-    BetaDistribution,
-)
-
-
 def torch_distributions(dist: Distribution) -> list[TorchDistribution]:
     """
     The torch distributions (batch first) whose KL terms add up to the KL of a parametrised SB3 distribution;
@@ -347,12 +305,13 @@ def torch_distributions(dist: Distribution) -> list[TorchDistribution]:
     """
     if isinstance(dist, TanhSquashedDistribution):
         dist = dist.base
-    if isinstance(dist, MultiCategoricalDistribution):
-        return list(dist.distribution)
     if isinstance(dist, MaskableMultiCategoricalDistribution):  # MultiDiscrete and MultiBinary with masks
         return list(dist.distributions)
-    if isinstance(dist, _ONE_TORCH_DISTRIBUTION):
-        return [dist.distribution]
+    inner = getattr(dist, "distribution", None)
+    if isinstance(inner, list):  # MultiCategoricalDistribution
+        return list(inner)
+    if isinstance(inner, TorchDistribution):
+        return [inner]
     raise NotImplementedError(f"No analytic KL for {type(dist).__name__}")
 
 
@@ -421,19 +380,12 @@ def distributions_from_parameters(kinds: tuple[str, ...], tensors: Sequence[th.T
     return dists
 
 
-def categorical_kl(p: Categorical, q: Categorical) -> th.Tensor:
-    """
-    ``KL(p || q) = sum_k p_k (log p_k - log q_k)`` over the categories with ``p_k > 0``: torch's formula without
-    its infinity where ``q_k`` underflows to 0, so masked categories (logits -1e8 in both) add nothing.
-    """
-    p_probs = p.probs
-    terms = p_probs * (p.logits - q.logits)
-    return th.where(p_probs == 0, th.zeros_like(terms), terms).sum(-1)
-
-
 def _kl(p: TorchDistribution, q: TorchDistribution) -> th.Tensor:
     if isinstance(p, Categorical) and isinstance(q, Categorical):
-        return categorical_kl(p, q)
+        # torch's sum_k p_k (log p_k - log q_k) over the categories with p_k > 0, without its infinity where q_k
+        # underflows to 0: masked categories (logits -1e8 in both) add nothing
+        terms = p.probs * (p.logits - q.logits)
+        return th.where(p.probs == 0, th.zeros_like(terms), terms).sum(-1)
     if type(p) is Normal and type(q) is Normal:  # torch's _kl_normal_normal, without its dispatch
         var_ratio = (p.scale / q.scale).pow(2)
         t1 = ((p.loc - q.loc) / q.scale).pow(2)
@@ -460,10 +412,7 @@ def analytic_kl(p: list[TorchDistribution], q: list[TorchDistribution]) -> th.Te
 
 
 def mean_std(dists: list[TorchDistribution]) -> float | None:
-    """
-    Mean standard deviation of Gaussians (the squashed head's ``u``) or of Betas on (0, 1), i.e. as a fraction of
-    the range ``high - low``; ``None`` for discrete distributions.
-    """
+    """Mean std of Gaussians (the squashed head's ``u``) or of Betas on (0, 1); ``None`` for discrete distributions."""
     scales = [d.scale if isinstance(d, Normal) else d.variance.sqrt() for d in dists if isinstance(d, (Normal, Beta))]
     if not scales:
         return None
@@ -471,10 +420,7 @@ def mean_std(dists: list[TorchDistribution]) -> float | None:
 
 
 def rescale_tanh64(u: np.ndarray, low64: np.ndarray, high64: np.ndarray, range64: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """
-    ``low + (tanh(u) + 1) / 2 * (high - low)`` in float64 (bounds and ``range64 = high64 - low64`` given in
-    float64), returned in ``dtype``; the final clip only removes rounding, so no action leaves the bounds.
-    """
+    """``low + (tanh(u) + 1) / 2 * range`` in float64, in ``dtype``; the clip only removes rounding (never out of bounds)."""
     actions = low64 + 0.5 * (np.tanh(np.asarray(u, dtype=np.float64)) + 1.0) * range64
     np.maximum(actions, low64, out=actions)  # np.clip's result (NaN included) at a fraction of its call overhead
     np.minimum(actions, high64, out=actions)

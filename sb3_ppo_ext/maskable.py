@@ -194,8 +194,6 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[
         if _init_setup_model:
             self._setup_model()
 
-    # ---- seams of the update engine -------------------------------------------------------------
-
     def _evaluate_samples(
         self, samples: MaskableRolloutBufferSamples, actions: th.Tensor, need_distribution: bool
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Distribution | None]:
@@ -219,8 +217,6 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[
             buffer.buffer_size * buffer.n_envs,
             lambda index: self.policy.get_distribution(index_observations(obs, index), action_masks=masks[index]),
         )
-
-    # ---- masks ----------------------------------------------------------------------------------
 
     def _collect_rollouts(
         self,

@@ -128,8 +128,6 @@ class RecurrentPPOExt(ModelFiles, ExtUpdateEngine, RecurrentPPO):  # type: ignor
         if _init_setup_model:
             self._setup_model()
 
-    # ---- seams of the update engine -------------------------------------------------------------
-
     def _evaluate_samples(
         self, samples: RecurrentRolloutBufferSamples, actions: th.Tensor, need_distribution: bool
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Distribution | None]:
@@ -168,8 +166,6 @@ class RecurrentPPOExt(ModelFiles, ExtUpdateEngine, RecurrentPPO):  # type: ignor
             gae_lambda=buffer.gae_lambda,
             n_envs=buffer.n_envs,
         )
-
-    # ---- collection -----------------------------------------------------------------------------
 
     def _collect_rollouts(
         self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
