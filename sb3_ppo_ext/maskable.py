@@ -7,6 +7,7 @@ import warnings
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 import torch as th
 from gymnasium import spaces
 from sb3_contrib import MaskablePPO
@@ -34,7 +35,7 @@ class MissingActionMasksWarning(UserWarning):
     """``MaskablePPOExt.predict`` acted without action masks for a model that acts with them."""
 
 
-def check_action_masks(masks: Any, action_space: spaces.Space, n_rows: int, where: str) -> None:
+def check_action_masks(masks: npt.ArrayLike | th.Tensor, action_space: spaces.Space, n_rows: int, where: str) -> None:
     """
     ``ValueError`` unless ``masks`` holds one flat mask per row, shape ``(n_rows, mask_size)`` (or ``(mask_size,)``
     for one row), of booleans or 0/1 numbers, that allows an action in every sub-action's block (a block of ``n``
