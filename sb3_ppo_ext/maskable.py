@@ -7,12 +7,16 @@ import warnings
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 import torch as th
 from gymnasium import spaces
 from sb3_contrib import MaskablePPO
+from sb3_contrib.common.maskable.buffers import MaskableRolloutBufferSamples
 from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
+from sb3_contrib.common.maskable.utils import is_masking_supported
 from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.distributions import Distribution
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
 from stable_baselines3.common.vec_env import VecEnv
@@ -21,76 +25,49 @@ from sb3_ppo_ext.buffers import PiOldMaskableDictRolloutBuffer, PiOldMaskableRol
 from sb3_ppo_ext.engine import ExtUpdateEngine, extension_arguments, flat_observations, flat_rollout, index_observations
 from sb3_ppo_ext.envs import masks_of, without_masks
 from sb3_ppo_ext.files import ModelFiles
-from sb3_ppo_ext.parameters import check_arguments
-from sb3_ppo_ext.policies import (  # the policies live in sb3_ppo_ext.policies; these names keep old files loading
-    MaskablePPOExtCnnPolicy,
-    MaskablePPOExtMultiInputPolicy,
-    MaskablePPOExtPolicy,
-)
+from sb3_ppo_ext.parameters import ALGORITHM_RULES, check_arguments
+from sb3_ppo_ext.policies import MaskablePPOExtCnnPolicy, MaskablePPOExtMultiInputPolicy, MaskablePPOExtPolicy
 
 SelfMaskablePPOExt = TypeVar("SelfMaskablePPOExt", bound="MaskablePPOExt")
 
 
 class MissingActionMasksWarning(UserWarning):
+    """``MaskablePPOExt.predict`` acted without action masks for a model that acts with them."""
+
+
+def check_action_masks(masks: npt.ArrayLike | th.Tensor, action_space: spaces.Space, n_rows: int, where: str) -> None:
     """
-    :meth:`MaskablePPOExt.predict` acted without action masks (none given, none carried by the
-    observation) for a model whose masks are in play: its last ``learn`` used them, or, before any
-    ``learn``, its env provides ``action_masks()``. The action may be one the env forbids.
-    """
-
-
-def mask_blocks(action_space: spaces.Space) -> np.ndarray:
-    """
-    The sizes of the blocks of one flat action mask, one block per sub-action: ``[n]`` for
-    ``Discrete(n)``, ``nvec`` for ``MultiDiscrete``, ``[2] * n`` for ``MultiBinary(n)`` (a mask
-    value per outcome of each binary action, as sb3-contrib's ``MaskableBernoulliDistribution``).
-
-    :param action_space: a masked action space
-    :return: the block sizes (their sum is the mask's length)
-    """
-    if isinstance(action_space, spaces.Discrete):
-        return np.array([action_space.n])
-    if isinstance(action_space, spaces.MultiDiscrete):
-        return np.asarray(action_space.nvec).ravel()
-    if isinstance(action_space, spaces.MultiBinary):
-        return np.full(math.prod(action_space.shape), 2)
-    raise ValueError(f"action masks need a Discrete, MultiDiscrete or MultiBinary action space, got {action_space}")
-
-
-def check_action_masks(masks: Any, action_space: spaces.Space, n_rows: int, where: str) -> None:
-    """
-    ``ValueError`` unless ``masks`` is one flat mask per row that fits ``action_space`` and allows
-    an action in every block (every sub-action of MultiDiscrete and MultiBinary spaces).
-
-    The one check of masks, in rollouts and in ``predict``: a shape ``(n_rows, mask_size)`` (or
-    ``(mask_size,)`` for one row), booleans or numbers that are 0 or 1. Upstream reshapes any
-    array of the right size (a transposed mask too) and samples a row that allows nothing
-    uniformly. A few numpy operations on the whole array; no loop over rows.
+    ``ValueError`` unless ``masks`` holds one flat mask per row, shape ``(n_rows, mask_size)`` (or ``(mask_size,)``
+    for one row), of booleans or 0/1 numbers, that allows an action in every sub-action's block (a block of ``n``
+    per ``Discrete(n)`` and ``MultiDiscrete`` entry, of 2 per ``MultiBinary`` action).
 
     :param masks: the action masks (array-like)
     :param action_space: the masked action space
     :param n_rows: the number of observations (environments) the masks are for
     :param where: where the masks come from, for the message
     """
-    blocks = mask_blocks(action_space)
+    if isinstance(action_space, spaces.Discrete):
+        blocks = np.array([action_space.n])
+    elif isinstance(action_space, spaces.MultiDiscrete):
+        blocks = np.asarray(action_space.nvec).ravel()
+    else:  # MultiBinary, the last space sb3-contrib masks
+        blocks = np.full(math.prod(action_space.shape or ()), 2)
     size = int(blocks.sum())
     array = np.asarray(masks.detach().cpu() if isinstance(masks, th.Tensor) else masks)
-    expected = f"expected {n_rows} mask(s) of {size} booleans each, of shape ({n_rows}, {size})" + (
-        f" or ({size},)" if n_rows == 1 else ""
-    )
+    one = f" or ({size},)" if n_rows == 1 else ""
+    expected = f"expected {n_rows} mask(s) of {size} booleans each, of shape ({n_rows}, {size}){one}"
+    problem = f"{where}: action_masks"
     if array.dtype == object and any(value is None for value in array.flat):
-        raise ValueError(f"{where}: action_masks hold None for the action space {action_space}: {expected}")
+        raise ValueError(f"{problem} hold None for the action space {action_space}: {expected}")
     if array.dtype != bool and array.dtype.kind not in "iuf":
-        raise ValueError(f"{where}: action_masks of dtype {array.dtype} for the action space {action_space}: {expected}")
+        raise ValueError(f"{problem} of dtype {array.dtype} for the action space {action_space}: {expected}")
     if array.shape != (n_rows, size) and not (n_rows == 1 and array.shape == (size,)):
-        raise ValueError(
-            f"{where}: action_masks of shape {array.shape} do not fit the action space {action_space}: {expected}"
-        )
+        raise ValueError(f"{problem} of shape {array.shape} do not fit the action space {action_space}: {expected}")
     if array.dtype != bool:
-        if not np.isin(array, (0, 1)).all():
+        other = array[~np.isin(array, (0, 1))]
+        if other.size:
             raise ValueError(
-                f"{where}: action_masks of dtype {array.dtype} hold values other than 0 and 1 "
-                f"(e.g. {array[~np.isin(array, (0, 1))].flat[0].item()!r}): {expected}"
+                f"{problem} of dtype {array.dtype} hold values other than 0 and 1 (e.g. {other[0].item()!r}): {expected}"
             )
         array = array != 0
     starts = np.cumsum(blocks) - blocks
@@ -98,23 +75,15 @@ def check_action_masks(masks: Any, action_space: spaces.Space, n_rows: int, wher
     if not allowed.all():
         row, block = (int(index[0]) for index in np.nonzero(~allowed))
         if len(blocks) == 1:
-            raise ValueError(f"{where}: action_masks row {row} allows no action of {action_space}: expected at least one True")
-        span = f"{starts[block]}:{starts[block] + blocks[block]}"
+            raise ValueError(f"{problem} row {row} allows no action of {action_space}: expected at least one True")
         raise ValueError(
-            f"{where}: action_masks row {row} allows no value of sub-action {block} (mask positions {span}) of "
-            f"{action_space}: expected at least one True per sub-action"
+            f"{problem} row {row} allows no value of sub-action {block} (mask positions {starts[block]}:"
+            f"{starts[block] + blocks[block]}) of {action_space}: expected at least one True per sub-action"
         )
 
 
 def observation_rows(observation: Any, observation_space: spaces.Space) -> int:
-    """
-    How many observations ``observation`` holds, as the policy batches it (``reshape(-1, *shape)``):
-    its size over the size of one observation, whatever the layout (channel-last images included).
-
-    :param observation: an observation or a batch of them (a dict for ``Dict`` spaces)
-    :param observation_space: the model's observation space
-    :return: the number of observations (1 for an unbatched one)
-    """
+    """How many observations ``observation`` holds as the policy batches it: its size over one observation's."""
     if isinstance(observation, dict) and isinstance(observation_space, spaces.Dict):
         key = next(iter(observation))
         observation, observation_space = observation[key], observation_space[key]
@@ -123,30 +92,21 @@ def observation_rows(observation: Any, observation_space: spaces.Space) -> int:
 
 class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[misc]  # upstream: batch_size int | None
     """
-    sb3-contrib's ``MaskablePPO`` (invalid-action masking; Discrete, MultiDiscrete and MultiBinary
-    actions) with PPOExt's extensions: the KL penalty of PPO1 (analytic KL between the *masked*
-    distributions: masked actions have probability 0 under both policies and add nothing), both
-    value-clip forms, ``clip_range=None`` and the full ``train/`` diagnostics. Drop-in: with the
-    defaults (``kl_coef=0``) it trains bit for bit like ``MaskablePPO`` with the same seed (one
-    deliberate difference: a one-sample minibatch is not advantage-normalised, as in SB3's PPO).
-
-    The environment provides ``action_masks()`` (or is wrapped in sb3-contrib's ``ActionMasker``);
-    ``predict(obs, action_masks=...)`` as upstream; a ``predict`` without masks for a model trained with them
-    issues a :class:`MissingActionMasksWarning` (at every such call; Python's warning filters decide how often it
-    shows). Masks are checked on every rollout step and in
-    ``predict`` (:func:`check_action_masks`): a mask of the wrong shape or dtype, or one that allows no
-    action (for MultiDiscrete and MultiBinary: no value of a sub-action), is a ``ValueError``.
+    sb3-contrib's ``MaskablePPO`` with PPOExt's extensions (KL penalty between the masked distributions, both
+    value-clip forms, ``clip_range=None``, ``train/`` diagnostics). With ``kl_coef=0`` it trains bit for bit like
+    ``MaskablePPO`` (a one-sample minibatch is not advantage-normalised, as in SB3's PPO). Masks are checked
+    (:func:`check_action_masks`) on every rollout step and in ``predict``, which warns
+    (:class:`MissingActionMasksWarning`) when called without masks for a model that acts with them.
 
     :param policy: The policy model to use (MlpPolicy, CnnPolicy, MultiInputPolicy)
     :param env: The environment to learn from (if registered in Gym, can be str)
-    :param learning_rate: The learning rate, it can be a function of the current progress remaining (from 1 to 0)
+    :param learning_rate: The learning rate, constant or a function of the progress remaining (from 1 to 0)
     :param n_steps: The number of steps to run for each environment per update
     :param batch_size: Minibatch size
     :param n_epochs: Number of epoch when optimizing the surrogate loss
     :param gamma: Discount factor
     :param gae_lambda: Factor for trade-off of bias vs variance for Generalized Advantage Estimator
-    :param clip_range: Clipping parameter of the surrogate objective; a positive float, a schedule, or
-        ``None`` to turn clipping off
+    :param clip_range: Clipping parameter of the surrogate objective (float or schedule), ``None``: no clipping
     :param clip_range_vf: Clipping parameter for the value function (float or schedule), or ``None``
     :param vf_clip_mode: With ``clip_range_vf``: ``"clipped"`` (SB3's form) or ``"max"`` (PPO2's form)
     :param normalize_advantage: Whether to normalize or not the advantage
@@ -158,10 +118,8 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[
     :param kl_adapt_tolerance: Tolerance band of the adaptive coefficient (paper: 1.5), > 1
     :param kl_coef_bounds: ``(min, max)`` within which the adaptive ``beta`` is kept
     :param max_grad_norm: The maximum value for the gradient clipping
-    :param rollout_buffer_class: Rollout buffer class to use. If ``None``, it will be automatically selected.
-        ``None`` and upstream's own classes become their subclass in :mod:`sb3_ppo_ext.buffers`, which carries
-        ``pi_old`` with each sample for the KL penalty (the same rollout otherwise); a class of your own is kept, and
-        refused with ``kl_coef > 0``.
+    :param rollout_buffer_class: Rollout buffer class; ``None`` and upstream's become their subclass carrying
+        ``pi_old``; a class of your own is kept (and refused with ``kl_coef > 0``)
     :param rollout_buffer_kwargs: Keyword arguments to pass to the rollout buffer on creation
     :param target_kl: Limit the KL divergence between updates (SB3's early stop), ``None`` for no limit
     :param stats_window_size: Window size for the rollout logging
@@ -173,12 +131,15 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[
     :param _init_setup_model: Whether or not to build the network at the creation of the instance
     """
 
+    # Imported here, the policy classes also load model files that name them in this module.
     policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
         "MlpPolicy": MaskablePPOExtPolicy,
         "CnnPolicy": MaskablePPOExtCnnPolicy,
         "MultiInputPolicy": MaskablePPOExtMultiInputPolicy,
     }
     _model_families: ClassVar[frozenset[str]] = frozenset({"MaskablePPO"})
+    _pi_old_buffer_classes = (PiOldMaskableRolloutBuffer, PiOldMaskableDictRolloutBuffer)
+    trained_with_masks: bool | None = None  # the use_masking of the last learn (saved with the model)
 
     def __init__(
         self,
@@ -213,25 +174,9 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[
         device: th.device | str = "auto",
         _init_setup_model: bool = True,
     ):
-        # The arguments upstream's constructor takes and the extensions' own, each checked by its row of the
-        # parameter table (sb3_ppo_ext.parameters) before upstream's asserts see them.
-        upstream: dict[str, Any] = dict(
-            learning_rate=learning_rate,
-            n_steps=n_steps,
-            batch_size=batch_size,
-            n_epochs=n_epochs,
-            gamma=gamma,
-            gae_lambda=gae_lambda,
-            clip_range=clip_range,
-            clip_range_vf=clip_range_vf,
-            normalize_advantage=normalize_advantage,
-            ent_coef=ent_coef,
-            vf_coef=vf_coef,
-            max_grad_norm=max_grad_norm,
-            target_kl=target_kl,
-            stats_window_size=stats_window_size,
-        )
         extensions = extension_arguments(vf_clip_mode, kl_coef, kl_target, kl_adapt_factor, kl_adapt_tolerance, kl_coef_bounds)
+        # Upstream's arguments that have a row in the parameter table, checked with the extensions' before upstream's asserts.
+        upstream = {name: value for name, value in locals().items() if name in ALGORITHM_RULES and name not in extensions}
         check_arguments({**upstream, **extensions})
         super().__init__(
             policy,
@@ -250,25 +195,20 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[
         if _init_setup_model:
             self._setup_model()
 
-    # ---- seams of the update engine -------------------------------------------------------------
-
     def _evaluate_samples(
-        self, samples: Any, actions: th.Tensor, need_distribution: bool
-    ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Any]:
-        masks = samples.action_masks
-        if hasattr(self.policy, "evaluate_actions_and_distribution"):
+        self, samples: MaskableRolloutBufferSamples, actions: th.Tensor, need_distribution: bool
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Distribution | None]:
+        obs, masks = samples.observations, samples.action_masks
+        if isinstance(self.policy, MaskablePPOExtPolicy):
             return self.policy.evaluate_actions_and_distribution(
-                samples.observations, actions, action_masks=masks, entropy_requires_grad=self.ent_coef != 0
+                obs, actions, action_masks=masks, entropy_requires_grad=self.ent_coef != 0
             )
         # An upstream MaskableActorCriticPolicy (a MaskablePPO file): a second actor pass yields the distribution.
-        values, log_prob, entropy = self.policy.evaluate_actions(samples.observations, actions, action_masks=masks)
-        distribution = self.policy.get_distribution(samples.observations, action_masks=masks) if need_distribution else None
-        return values, log_prob, entropy, distribution
+        values, log_prob, entropy = self.policy.evaluate_actions(obs, actions, action_masks=masks)
+        return values, log_prob, entropy, self.policy.get_distribution(obs, action_masks=masks) if need_distribution else None
 
-    _pi_old_buffer_classes = (PiOldMaskableRolloutBuffer, PiOldMaskableDictRolloutBuffer)
-
-    def _samples_distribution(self, policy: Any, samples: Any) -> Any:
-        return policy.get_distribution(samples.observations, action_masks=samples.action_masks)
+    def _samples_distribution(self, policy: MaskableActorCriticPolicy, samples: MaskableRolloutBufferSamples) -> Distribution:
+        return policy.get_distribution(samples.observations, action_masks=samples.action_masks)  # type: ignore[arg-type]
 
     def _flat_rollout_distributions(self) -> list[th.distributions.Distribution]:
         buffer = self.rollout_buffer
@@ -279,8 +219,6 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[
             lambda index: self.policy.get_distribution(index_observations(obs, index), action_masks=masks[index]),
         )
 
-    # ---- masks ----------------------------------------------------------------------------------
-
     def _collect_rollouts(
         self,
         env: VecEnv,
@@ -289,19 +227,14 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[
         n_rollout_steps: int,
         use_masking: bool = True,
     ) -> bool:
-        """
-        Upstream's ``collect_rollouts``, with every step's masks checked by :func:`check_action_masks`
-        before the policy applies them (so before the env receives an action): a forward pre-hook of
-        the policy, for the collection only, sees the ``action_masks`` upstream passes to ``policy(obs)``.
-        """
-        action_space = self.action_space
+        """Upstream's ``collect_rollouts``; a forward pre-hook checks the masks it passes to ``policy(obs)``."""
 
         def check(module: th.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             masks = kwargs.get("action_masks")
             if masks is not None:  # None: use_masking=False
                 obs = args[0] if args else kwargs["obs"]
                 first = next(iter(obs.values())) if isinstance(obs, dict) else obs
-                check_action_masks(masks, action_space, len(first), "env.action_masks() during the rollout")
+                check_action_masks(masks, self.action_space, len(first), "env.action_masks() during the rollout")
 
         handle = self.policy.register_forward_pre_hook(check, with_kwargs=True)
         try:
@@ -318,20 +251,16 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[
         action_masks: np.ndarray | None = None,
     ) -> tuple[np.ndarray, tuple[np.ndarray, ...] | None]:
         """
-        Upstream's ``predict``, with a ``ValueError`` (:func:`check_action_masks`) for ``action_masks``
-        that do not fit the action space and the number of observations, or that allow no action.
-        Without ``action_masks``, the masks that ``observation`` carries are used (observations of
-        :class:`sb3_ppo_ext.envs.MaskedObservations`, for loops that pass no masks, such as rl-zoo3's
-        ``enjoy``). With neither, the action is unmasked, as upstream's; if the model's masks are in
-        play (its last ``learn`` used them, or, before any ``learn``, its env provides
-        ``action_masks()``), the call issues a :class:`MissingActionMasksWarning`.
+        Upstream's ``predict``, its ``action_masks`` checked (:func:`check_action_masks`). Without them, the
+        masks the observation carries (:class:`sb3_ppo_ext.envs.MaskedObservations`); with neither, unmasked, and
+        a :class:`MissingActionMasksWarning` where the model acts with masks (its last ``learn`` used them, or,
+        before any ``learn``, its env provides ``action_masks()``).
 
         :param observation: the input observation
         :param state: The last hidden states (unused: the policy is not recurrent)
         :param episode_start: The last episode starts (unused)
         :param deterministic: Whether or not to return deterministic actions.
-        :param action_masks: the actions' masks, one per observation (``None``: the masks the
-            observation carries, if any, else no masking)
+        :param action_masks: the actions' masks, one per observation
         :return: the model's action and the next hidden state
         """
         if action_masks is None:
@@ -339,32 +268,24 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[
             if action_masks is None and self._masks_in_play():
                 warnings.warn(
                     f"{type(self).__name__}.predict was given no action_masks (and the observation carries none) for a "
-                    "model that acts with masks (trained with them, or on an env that provides action_masks()): the action "
-                    "may be one the env forbids. Pass predict(obs, "
+                    "model that acts with masks: the action may be one the env forbids. Pass predict(obs, "
                     "action_masks=get_action_masks(vec_env)) (sb3_contrib.common.maskable.utils), evaluate with "
-                    "sb3_contrib.common.maskable.evaluation.evaluate_policy or MaskableEvalCallback, or, for a loop that "
-                    "cannot pass masks, step a sb3_ppo_ext.envs.MaskedObservations VecEnv (outermost) and hand its "
-                    "observations to predict unchanged (a copy, a slice or a wrapper above it drops the masks)",
+                    "sb3_contrib's maskable evaluate_policy or MaskableEvalCallback, or step a "
+                    "sb3_ppo_ext.envs.MaskedObservations VecEnv (outermost) and hand its observations to predict unchanged",
                     MissingActionMasksWarning,
                     stacklevel=2,
                 )
         observation = without_masks(observation)
-        # (obs, info) from a Gym reset: upstream's predict raises its own error for it.
         gym_pair = isinstance(observation, tuple) and len(observation) == 2 and isinstance(observation[1], dict)
-        if action_masks is not None and not gym_pair:
+        if action_masks is not None and not gym_pair:  # (obs, info) of a Gym reset: upstream's predict refuses it
             n_rows = observation_rows(observation, self.observation_space)
             check_action_masks(action_masks, self.action_space, n_rows, f"{type(self).__name__}.predict")
         return super().predict(observation, state, episode_start, deterministic, action_masks=action_masks)
-
-    # The use_masking of the model's last learn (saved with it); None before any learn.
-    trained_with_masks: bool | None = None
 
     def _masks_in_play(self) -> bool:
         """Whether the model acts with masks: its last ``learn`` used them, or, before any ``learn``, its env has them."""
         if self.trained_with_masks is not None:
             return self.trained_with_masks
-        from sb3_contrib.common.maskable.utils import is_masking_supported
-
         return self.env is not None and is_masking_supported(self.env)
 
     def learn(  # type: ignore[override]
@@ -379,22 +300,8 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[
     ) -> SelfMaskablePPOExt:
         self.trained_with_masks = use_masking
         return super().learn(
-            total_timesteps=total_timesteps,
-            callback=callback,
-            log_interval=log_interval,
-            tb_log_name=tb_log_name,
-            reset_num_timesteps=reset_num_timesteps,
-            use_masking=use_masking,
-            progress_bar=progress_bar,
+            total_timesteps, callback, log_interval, tb_log_name, reset_num_timesteps, use_masking, progress_bar
         )
 
 
-MlpPolicy = MaskablePPOExtPolicy
-CnnPolicy = MaskablePPOExtCnnPolicy
-MultiInputPolicy = MaskablePPOExtMultiInputPolicy
-
-__all__ = [
-    "MaskablePPOExt",
-    "MissingActionMasksWarning",
-    "check_action_masks",
-]
+__all__ = ["MaskablePPOExt", "MissingActionMasksWarning", "check_action_masks"]

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import contextlib
 from copy import deepcopy
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, cast
 
 import torch as th
 from gymnasium import spaces
 from sb3_contrib import RecurrentPPO
 from sb3_contrib.common.recurrent.buffers import RecurrentDictRolloutBuffer, RecurrentRolloutBuffer
 from sb3_contrib.common.recurrent.policies import RecurrentActorCriticPolicy
+from sb3_contrib.common.recurrent.type_aliases import RecurrentRolloutBufferSamples
 from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.distributions import Distribution
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
 from stable_baselines3.common.utils import obs_as_tensor
@@ -21,40 +23,28 @@ from stable_baselines3.common.vec_env import VecEnv
 from sb3_ppo_ext.buffers import PI_OLD_BUFFERS
 from sb3_ppo_ext.engine import ExtUpdateEngine, extension_arguments
 from sb3_ppo_ext.files import ModelFiles
-from sb3_ppo_ext.parameters import check_arguments
-from sb3_ppo_ext.policies import (  # the policies live in sb3_ppo_ext.policies; these names keep old files loading
-    RecurrentPPOExtCnnPolicy,
-    RecurrentPPOExtMultiInputPolicy,
-    RecurrentPPOExtPolicy,
-)
-from sb3_ppo_ext.policies import (
-    SquashedActionsWarning as SquashedActionsWarning,  # re-exported: its old import path
-)
+from sb3_ppo_ext.parameters import ALGORITHM_RULES, check_arguments
+from sb3_ppo_ext.policies import RecurrentPPOExtCnnPolicy, RecurrentPPOExtMultiInputPolicy, RecurrentPPOExtPolicy
 
 SelfRecurrentPPOExt = TypeVar("SelfRecurrentPPOExt", bound="RecurrentPPOExt")
 
 
 class RecurrentPPOExt(ModelFiles, ExtUpdateEngine, RecurrentPPO):  # type: ignore[misc]  # upstream: batch_size int | None
     """
-    sb3-contrib's ``RecurrentPPO`` (LSTM policies) with PPOExt's extensions: the exact squashed
-    Gaussian head on by default for ``Box`` actions (the pre-squash sample is stored, so the ratio is
-    exactly 1 for a frozen policy even with saturated actions), the KL penalty of PPO1, both
-    value-clip forms, ``clip_range=None`` and the full ``train/`` diagnostics, each a mean over the
-    valid (unpadded) steps of the sequence minibatches. Drop-in: with
-    ``policy_kwargs=dict(squash_output=False)`` and ``kl_coef=0`` it trains bit for bit like
-    ``RecurrentPPO`` with the same seed (one deliberate difference: a one-sample minibatch is not
-    advantage-normalised, as in SB3's PPO). ``predict(obs, state=..., episode_start=...)`` as upstream.
+    sb3-contrib's ``RecurrentPPO`` with PPOExt's extensions (squashed head on by default for ``Box`` actions,
+    KL penalty, both value-clip forms, ``clip_range=None``, ``train/`` diagnostics over the unpadded steps).
+    With ``policy_kwargs=dict(squash_output=False)`` and ``kl_coef=0`` it trains bit for bit like
+    ``RecurrentPPO`` (a one-sample minibatch is not advantage-normalised, as in SB3's PPO).
 
     :param policy: The policy model to use (MlpLstmPolicy, CnnLstmPolicy, MultiInputLstmPolicy)
     :param env: The environment to learn from (if registered in Gym, can be str)
-    :param learning_rate: The learning rate, it can be a function of the current progress remaining (from 1 to 0)
+    :param learning_rate: The learning rate, constant or a function of the progress remaining (from 1 to 0)
     :param n_steps: The number of steps to run for each environment per update
     :param batch_size: Minibatch size (in steps; sequences are cut and padded by the buffer)
     :param n_epochs: Number of epoch when optimizing the surrogate loss
     :param gamma: Discount factor
     :param gae_lambda: Factor for trade-off of bias vs variance for Generalized Advantage Estimator
-    :param clip_range: Clipping parameter of the surrogate objective; a positive float, a schedule, or
-        ``None`` to turn clipping off
+    :param clip_range: Clipping parameter of the surrogate objective (float or schedule), ``None``: no clipping
     :param clip_range_vf: Clipping parameter for the value function (float or schedule), or ``None``
     :param vf_clip_mode: With ``clip_range_vf``: ``"clipped"`` (SB3's form) or ``"max"`` (PPO2's form)
     :param normalize_advantage: Whether to normalize or not the advantage
@@ -71,17 +61,14 @@ class RecurrentPPOExt(ModelFiles, ExtUpdateEngine, RecurrentPPO):  # type: ignor
     :param target_kl: Limit the KL divergence between updates (SB3's early stop), ``None`` for no limit
     :param stats_window_size: Window size for the rollout logging
     :param tensorboard_log: the log location for tensorboard (if None, no logging)
-    :param policy_kwargs: additional arguments to be passed to the policy on creation: the LSTM's
-        (``lstm_hidden_size``, ``n_lstm_layers``, ``shared_lstm``, ``enable_critic_lstm``, ``lstm_kwargs``)
-        and the squashed head's (``squash_output``, ``state_dependent_std``, ``log_std_bounds``,
-        ``entropy_estimator``), the Beta head (``action_dist="beta"``) and per-network learning rates
-        (``learning_rates={"pi": ..., "vf": ...}``)
+    :param policy_kwargs: arguments of the policy: the LSTM's, the heads' and per-network learning rates
     :param verbose: Verbosity level: 0 for no output, 1 for info messages, 2 for debug messages
     :param seed: Seed for the pseudo random generators
     :param device: Device (cpu, cuda, ...) on which the code should be run.
     :param _init_setup_model: Whether or not to build the network at the creation of the instance
     """
 
+    # Imported here, the policy classes also load model files that name them in this module.
     policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
         "MlpLstmPolicy": RecurrentPPOExtPolicy,
         "CnnLstmPolicy": RecurrentPPOExtCnnPolicy,
@@ -122,27 +109,9 @@ class RecurrentPPOExt(ModelFiles, ExtUpdateEngine, RecurrentPPO):  # type: ignor
         device: th.device | str = "auto",
         _init_setup_model: bool = True,
     ):
-        # The arguments upstream's constructor takes and the extensions' own, each checked by its row of the
-        # parameter table (sb3_ppo_ext.parameters) before upstream's asserts see them.
-        upstream: dict[str, Any] = dict(
-            learning_rate=learning_rate,
-            n_steps=n_steps,
-            batch_size=batch_size,
-            n_epochs=n_epochs,
-            gamma=gamma,
-            gae_lambda=gae_lambda,
-            clip_range=clip_range,
-            clip_range_vf=clip_range_vf,
-            normalize_advantage=normalize_advantage,
-            ent_coef=ent_coef,
-            vf_coef=vf_coef,
-            max_grad_norm=max_grad_norm,
-            use_sde=use_sde,
-            sde_sample_freq=sde_sample_freq,
-            target_kl=target_kl,
-            stats_window_size=stats_window_size,
-        )
         extensions = extension_arguments(vf_clip_mode, kl_coef, kl_target, kl_adapt_factor, kl_adapt_tolerance, kl_coef_bounds)
+        # Upstream's arguments that have a row in the parameter table, checked with the extensions' before upstream's asserts.
+        upstream = {name: value for name, value in locals().items() if name in ALGORITHM_RULES and name not in extensions}
         check_arguments({**upstream, **extensions})
         super().__init__(
             policy,
@@ -159,13 +128,11 @@ class RecurrentPPOExt(ModelFiles, ExtUpdateEngine, RecurrentPPO):  # type: ignor
         if _init_setup_model:
             self._setup_model()
 
-    # ---- seams of the update engine -------------------------------------------------------------
-
     def _evaluate_samples(
-        self, samples: Any, actions: th.Tensor, need_distribution: bool
-    ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Any]:
+        self, samples: RecurrentRolloutBufferSamples, actions: th.Tensor, need_distribution: bool
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Distribution | None]:
         obs, states, starts = samples.observations, samples.lstm_states, samples.episode_starts
-        if hasattr(self.policy, "evaluate_actions_and_distribution"):
+        if isinstance(self.policy, RecurrentPPOExtPolicy):
             return self.policy.evaluate_actions_and_distribution(
                 obs, actions, states, starts, entropy_requires_grad=self.ent_coef != 0
             )
@@ -174,30 +141,22 @@ class RecurrentPPOExt(ModelFiles, ExtUpdateEngine, RecurrentPPO):  # type: ignor
         distribution = self.policy.get_distribution(obs, states.pi, starts)[0] if need_distribution else None
         return values, log_prob, entropy, distribution
 
-    def _valid_samples(self, samples: Any) -> th.Tensor:
-        # The buffer pads sequences to equal length; its mask marks the real steps (as upstream's train reads it).
-        return samples.mask > 1e-8
+    def _valid_samples(self, samples: RecurrentRolloutBufferSamples) -> th.Tensor:
+        return samples.mask > 1e-8  # the buffer's mask of the real (unpadded) steps, as upstream's train reads it
 
-    def _samples_distribution(self, policy: Any, samples: Any) -> Any:
-        if getattr(policy, "fast", False):  # the fast mode's sequence pass
-            return policy.sequence_distribution(samples.observations, samples.lstm_states.pi, samples.episode_starts)
-        return policy.get_distribution(samples.observations, samples.lstm_states.pi, samples.episode_starts)[0]
-
-    def _flat_rollout_distributions(self) -> list[th.distributions.Distribution]:
-        raise TypeError(
-            f"RecurrentPPOExt needs its rollout buffer to be a sb3_ppo_ext.buffers.PiOldBuffer (the buffer it builds), "
-            f"not {type(self.rollout_buffer).__name__}: the LSTM's states come from its samples"
-        )
+    def _samples_distribution(
+        self, policy: RecurrentActorCriticPolicy, samples: RecurrentRolloutBufferSamples
+    ) -> Distribution:
+        states = cast(tuple[th.Tensor, th.Tensor], samples.lstm_states.pi)  # upstream types it tuple[Tensor, ...]
+        if isinstance(policy, RecurrentPPOExtPolicy) and policy.fast:  # the fast mode's sequence pass
+            return policy.sequence_distribution(samples.observations, states, samples.episode_starts)
+        return policy.get_distribution(samples.observations, states, samples.episode_starts)[0]
 
     def _setup_model(self) -> None:
-        """
-        Upstream's ``_setup_model`` (through the engine's), with upstream's recurrent buffer replaced by
-        its subclass carrying ``pi_old`` (:mod:`sb3_ppo_ext.buffers`), built with the same arguments.
-        """
+        """Upstream's ``_setup_model``, its recurrent buffer replaced by the subclass that carries ``pi_old``."""
         super()._setup_model()
         buffer = self.rollout_buffer
-        buffer_class = PI_OLD_BUFFERS[type(buffer)]
-        self.rollout_buffer = buffer_class(
+        self.rollout_buffer = PI_OLD_BUFFERS[type(buffer)](
             buffer.buffer_size,
             buffer.observation_space,
             buffer.action_space,
@@ -208,14 +167,8 @@ class RecurrentPPOExt(ModelFiles, ExtUpdateEngine, RecurrentPPO):  # type: ignor
             n_envs=buffer.n_envs,
         )
 
-    # ---- collection -----------------------------------------------------------------------------
-
     def _collect_rollouts(
-        self,
-        env: VecEnv,
-        callback: BaseCallback,
-        rollout_buffer: RolloutBuffer,
-        n_rollout_steps: int,
+        self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
     ) -> bool:
         """Upstream's ``collect_rollouts``, or with a squashed head :meth:`_collect_squashed_rollouts` (marked as such)."""
         if not self.policy.squash_output:
@@ -225,26 +178,11 @@ class RecurrentPPOExt(ModelFiles, ExtUpdateEngine, RecurrentPPO):  # type: ignor
             return self._collect_squashed_rollouts(env, callback, rollout_buffer, n_rollout_steps)
 
     def _collect_squashed_rollouts(
-        self,
-        env: VecEnv,
-        callback: BaseCallback,
-        rollout_buffer: RolloutBuffer,
-        n_rollout_steps: int,
+        self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
     ) -> bool:
         """
-        Upstream's ``collect_rollouts`` with one change: with a squashed head the env receives
-        ``policy.unscale_action(u)`` of the pre-squash sample ``u`` (which the buffer stores), as SB3's
-        PPO does, instead of ``u`` clipped to the bounds. Written out because upstream clips ``Box``
-        actions unconditionally and has no hook between sampling and ``env.step``; a test
-        (``test_recurrent_collection_copy_matches_the_installed_upstream``) fails when the installed
-        upstream's ``collect_rollouts`` differs from this copy by more than that one change.
-
-        :param env: The training environment
-        :param callback: Callback that will be called at each step (and at the beginning and end of the rollout)
-        :param rollout_buffer: Buffer to fill with rollouts
-        :param n_rollout_steps: Number of experiences to collect per environment
-        :return: True if function returned with at least ``n_rollout_steps`` collected, False if
-            callback terminated rollout prematurely.
+        Upstream's ``collect_rollouts`` with one change: the env receives ``policy.unscale_action(u)`` of the
+        stored pre-squash sample ``u`` (upstream clips ``u``). A test compares this copy with the installed upstream's.
         """
         assert isinstance(rollout_buffer, (RecurrentRolloutBuffer, RecurrentDictRolloutBuffer)), (
             f"{rollout_buffer} doesn't support recurrent policy"
@@ -265,8 +203,7 @@ class RecurrentPPOExt(ModelFiles, ExtUpdateEngine, RecurrentPPO):  # type: ignor
                 episode_starts = th.tensor(self._last_episode_starts, dtype=th.float32, device=self.device)
                 actions, values, log_probs, lstm_states = self.policy(obs_tensor, lstm_states, episode_starts)
             actions = actions.cpu().numpy()
-            # The one change: the env gets the squashed, rescaled action (never out of bounds).
-            clipped_actions = self.policy.unscale_action(actions)
+            clipped_actions = self.policy.unscale_action(actions)  # the one change
             new_obs, rewards, dones, infos = env.step(clipped_actions)
             self.num_timesteps += env.num_envs
             callback.update_locals(locals())
@@ -276,7 +213,6 @@ class RecurrentPPOExt(ModelFiles, ExtUpdateEngine, RecurrentPPO):  # type: ignor
             n_steps += 1
             if isinstance(self.action_space, spaces.Discrete):
                 actions = actions.reshape(-1, 1)
-            # Timeout bootstrapping with the value function (SB3 GitHub issue #633)
             for idx, done_ in enumerate(dones):
                 if (
                     done_
@@ -320,20 +256,7 @@ class RecurrentPPOExt(ModelFiles, ExtUpdateEngine, RecurrentPPO):  # type: ignor
         reset_num_timesteps: bool = True,
         progress_bar: bool = False,
     ) -> SelfRecurrentPPOExt:
-        return super().learn(
-            total_timesteps=total_timesteps,
-            callback=callback,
-            log_interval=log_interval,
-            tb_log_name=tb_log_name,
-            reset_num_timesteps=reset_num_timesteps,
-            progress_bar=progress_bar,
-        )
+        return super().learn(total_timesteps, callback, log_interval, tb_log_name, reset_num_timesteps, progress_bar)
 
 
-MlpLstmPolicy = RecurrentPPOExtPolicy
-CnnLstmPolicy = RecurrentPPOExtCnnPolicy
-MultiInputLstmPolicy = RecurrentPPOExtMultiInputPolicy
-
-__all__ = [
-    "RecurrentPPOExt",
-]
+__all__ = ["RecurrentPPOExt"]

@@ -296,7 +296,7 @@ def test_an_adaptive_beta_carries_on_unless_kl_coef_is_changed_at_load(family_fi
 
 def test_stock_recurrent_ppo_training_a_squashed_ext_file_warns_once(tmp_path: Path):
     from sb3_ppo_ext import RecurrentPPOExt
-    from sb3_ppo_ext.recurrent import SquashedActionsWarning
+    from sb3_ppo_ext.policies import SquashedActionsWarning
 
     lstm = dict(TINY_ONE_BATCH, n_steps=16, batch_size=16, policy_kwargs=dict(net_arch=[8], lstm_hidden_size=8))
     with warnings.catch_warnings():

@@ -68,16 +68,12 @@ def test_a_sb3_whose_squash_output_reads_another_attribute_is_an_error_at_constr
 
 
 def test_the_policies_live_in_policies_and_keep_their_old_import_paths():
+    """Model files that name the policy classes under sb3_ppo_ext.maskable / .recurrent load."""
     from sb3_ppo_ext import maskable, policies, recurrent
 
     for name in ("MaskablePPOExtPolicy", "MaskablePPOExtCnnPolicy", "MaskablePPOExtMultiInputPolicy"):
         assert getattr(maskable, name) is getattr(policies, name) and getattr(policies, name).__module__ == policies.__name__
-    for name in (
-        "RecurrentPPOExtPolicy",
-        "RecurrentPPOExtCnnPolicy",
-        "RecurrentPPOExtMultiInputPolicy",
-        "SquashedActionsWarning",
-    ):
+    for name in ("RecurrentPPOExtPolicy", "RecurrentPPOExtCnnPolicy", "RecurrentPPOExtMultiInputPolicy"):
         assert getattr(recurrent, name) is getattr(policies, name)
     assert MaskablePPOExt.policy_aliases["MlpPolicy"] is policies.MaskablePPOExtPolicy
     assert RecurrentPPOExt.policy_aliases["MlpLstmPolicy"] is policies.RecurrentPPOExtPolicy
