@@ -34,9 +34,8 @@ from torch.distributions import Bernoulli, Beta, Categorical, Gamma, Normal
 from torch.distributions import kl_divergence as th_kl_divergence
 from torch.nn import functional as F
 
-from sb3_ppo_ext.validation import InvalidSettingError
+from sb3_ppo_ext.validation import ENTROPY_ESTIMATORS, InvalidSettingError
 
-ENTROPY_ESTIMATORS = ("sample", "gaussian", "mc")
 _TWO_LOG_TWO = 2.0 * math.log(2.0)
 _HALF_LOG_TWO_PI = 0.5 * math.log(2.0 * math.pi)
 

@@ -1,62 +1,34 @@
-"""Optuna search space for PPOExt, usable with rl-zoo3 (``-optimize``) or with plain Optuna.
+"""Optuna search space of PPOExt, MaskablePPOExt and RecurrentPPOExt, for rl-zoo3 (``-optimize``) or plain Optuna.
 
-The space is define-by-run: a parameter is asked for only when it matters (``kl_target`` only
-with an adaptive KL penalty, ``vf_clip_mode`` only with value clipping, the squashed head's knobs
-only for ``Box`` action spaces, ...), so a study never records parameters that had no effect.
-It is stock PPO's space in rl-zoo3 (``n_steps``, ``batch_size``, ``n_epochs``, ``gamma``,
-``gae_lambda``, learning rate, ``ent_coef``, ``clip_range``, ``max_grad_norm``, network size and
-activation) plus PPOExt's own knobs and a few of SB3's that stock PPO's space leaves out:
-
-==================  =========================================================================
-group               parameters (Optuna names; the ones in brackets only when they apply)
-==================  =========================================================================
-rollout             ``n_steps_pow``, ``batch_size_pow`` (batch <= n_steps, both powers of 2),
-                    ``n_epochs``, ``one_minus_gamma``, ``one_minus_gae_lambda``
-optimizer           ``learning_rate``, ``lr_schedule`` (constant / linear to 0),
-                    ``max_grad_norm``, ``ent_coef``, ``target_kl`` (None = no early stop)
-objective           ``objective`` in clip / kl / clip+kl: [``clip_range``],
-                    [``kl_adaptive``, ``kl_coef``, [``kl_target``]]
-value loss          ``vf_clip`` in none / clipped / max: [``clip_range_vf``]
-network             ``net_arch``, ``activation_fn``, ``ortho_init``
-action head (Box)   ``squash``, ``exploration`` in gaussian / state_dependent_std / gsde:
-                    [``sde_sample_freq``], ``log_std_init``, [``entropy_estimator``]
-==================  =========================================================================
-
-Public functions:
-
-- :func:`sample_ppo_ext_params` — ``optuna.Trial`` -> PPOExt keyword arguments (plain Optuna);
-- :func:`ppo_ext_kwargs_from_params` — a finished trial's ``params`` -> the same keyword arguments;
-- :func:`sample_zoo_params` / :func:`convert_zoo_params` — rl-zoo3's ``HYPERPARAMS_SAMPLER`` /
-  ``HYPERPARAMS_CONVERTER`` entries for ``ppo_ext``;
-- :func:`make_storage` (from :mod:`sb3_ppo_ext.storage`, re-exported here) — the one place where
-  an Optuna storage is opened.
-
-The sampler is written once, in rl-zoo3's yml form (``learning_rate: lin_0.001``,
-``activation_fn: tanh``); :func:`to_ppo_ext_kwargs` (:func:`sb3_ppo_ext.parameters.to_algorithm_kwargs`)
-turns that form into objects. The converter
-replays the sampler on an ``optuna.trial.FixedTrial``, so sampler and converter cannot drift apart.
-Importing this module does not import optuna; the functions that need it import it.
+The space is define-by-run: a parameter is asked for only when it matters (``kl_target`` only with an
+adaptive KL penalty, ``clip_range_vf`` only with value clipping, the action head's knobs only for ``Box``
+actions). It is stock PPO's space in rl-zoo3 plus PPOExt's objective (clip / KL penalty / both), value-clip
+mode, action head (squashed or clipped Gaussian, Beta, state-dependent std, gSDE, entropy estimator) and
+per-network learning rates. The sampler is written once, in rl-zoo3's yml form (``learning_rate: lin_0.001``,
+``activation_fn: tanh``); each converter replays it on an ``optuna.trial.FixedTrial``, so they cannot drift
+apart, and :func:`params_from_zoo_entry` is its inverse. Importing this module does not import optuna.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from sb3_ppo_ext.parameters import (
-    ACTIVATIONS,
+from sb3_ppo_ext.ppo_ext import PPOExt
+from sb3_ppo_ext.validation import (
+    ACTION_DISTS,
     ALGORITHM_RULES,
     POLICY_KWARG_RULES,
-    SCHEDULE_KEYS,
+    InvalidSettingError,
     activation_class,
-    signature_defaults,
+    check_choice,
+    is_int,
+    linear_schedule_start,
     to_algorithm_kwargs,
 )
-from sb3_ppo_ext.ppo_ext import PPOExt
-from sb3_ppo_ext.storage import HEARTBEAT_INTERVAL, MAX_RETRY, StorageError, make_storage
-from sb3_ppo_ext.validation import ACTION_DISTS, InvalidSettingError, check_choice, is_int, linear_schedule_start
 
 if TYPE_CHECKING:
     import optuna
@@ -74,9 +46,7 @@ SDE_SAMPLE_FREQS = [-1, 4, 16]
 # (low, high) of the critic's learning rate over the actor's, sampled log-uniformly with separate_lr.
 LR_VF_RATIOS = (0.25, 8.0)
 # Values of the parameters added to the space after studies were run with it (replayed as before).
-REPLAY_DEFAULTS: dict[str, Any] = {"action_dist": "gaussian", "separate_lr": False}
-# The settings owner's helpers, under the names this module has always exported.
-to_ppo_ext_kwargs = to_algorithm_kwargs
+REPLAY_DEFAULTS: dict[str, object] = {"action_dist": "gaussian", "separate_lr": False}
 
 
 # --- the search space --------------------------------------------------------------------------
@@ -168,16 +138,12 @@ def _network_learning_rates(learning_rate: float | str, ratio: float) -> dict[st
 
 def sample_zoo_form(trial: optuna.trial.BaseTrial, continuous: bool = True) -> dict[str, Any]:
     """
-    Sample one PPOExt configuration in rl-zoo3's yml form (schedules as ``lin_<x>``, activation names).
-
-    With ``separate_lr``, the critic gets its own learning rate, ``lr_vf_ratio`` times the actor's
-    (``policy_kwargs["learning_rates"]``; the actor's is the sampled ``learning_rate``). A policy
-    with a shared trunk (e.g. ``CnnPolicy`` with its default shared extractor) refuses it: set
-    ``share_features_extractor: False`` in its ``policy_kwargs``.
+    One PPOExt configuration in rl-zoo3's yml form; the derived values are recorded with ``trial.set_user_attr``.
+    With ``separate_lr`` the critic learns at ``lr_vf_ratio`` times the actor's rate (``learning_rates``: a
+    policy with a shared features extractor refuses it; set ``share_features_extractor: False``).
 
     :param trial: an Optuna trial (or ``optuna.trial.FixedTrial`` to replay a trial's params)
     :param continuous: whether the action space is ``Box`` (adds the action-head parameters)
-    :return: PPOExt settings; the derived true values are recorded with ``trial.set_user_attr``
     """
     form = {
         **_sample_rollout(trial),
@@ -194,20 +160,18 @@ def sample_zoo_form(trial: optuna.trial.BaseTrial, continuous: bool = True) -> d
 
 def sample_ppo_ext_params(trial: optuna.Trial, continuous: bool = True) -> dict[str, Any]:
     """
-    Sample PPOExt keyword arguments from ``trial`` (for plain Optuna: ``PPOExt("MlpPolicy", env, **kwargs)``).
+    PPOExt keyword arguments sampled from ``trial``, for plain Optuna (``PPOExt("MlpPolicy", env, **kwargs)``).
 
     :param trial: an Optuna trial
-    :param continuous: whether the env's action space is ``Box`` (``False`` for Discrete & co)
-    :return: keyword arguments of :class:`sb3_ppo_ext.ppo_ext.PPOExt`
+    :param continuous: whether the env's action space is ``Box``
     """
-    return to_ppo_ext_kwargs(sample_zoo_form(trial, continuous))
+    return to_algorithm_kwargs(sample_zoo_form(trial, continuous))
 
 
 def _fixed_trial(params: dict[str, Any]) -> optuna.trial.FixedTrial:
     """A FixedTrial of ``params``; the parameters added to the space later default to their old behaviour."""
     import optuna
 
-    # Trials from before the Beta head and per-network rates: the Gaussian head, one learning rate.
     return optuna.trial.FixedTrial({**REPLAY_DEFAULTS, **params})
 
 
@@ -218,7 +182,7 @@ def _replay(params: dict[str, Any]) -> dict[str, Any]:
 
 def ppo_ext_kwargs_from_params(params: dict[str, Any]) -> dict[str, Any]:
     """PPOExt keyword arguments from a finished trial's ``params`` (e.g. ``study.best_trial.params``)."""
-    return to_ppo_ext_kwargs(_replay(params))
+    return to_algorithm_kwargs(_replay(params))
 
 
 def _ruled(name: str, value: Any) -> Any:
@@ -240,21 +204,16 @@ def _power_of_two(name: str, value: Any, low: int, high: int) -> int:
 
 def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dict[str, Any]:
     """
-    The inverse of the sampler: the trial ``params`` that reproduce a yml entry, e.g. to enqueue
-    the shipped settings as a study's first trial (``study.enqueue_trial(params)``), so that a
-    study starts from them and its best trial is never worse than them on its own measure.
+    The inverse of the sampler: the trial ``params`` that :func:`convert_zoo_params` replays to a yml entry's
+    values, e.g. to enqueue the shipped settings as a study's first trial. Keys the space does not sample
+    (``n_envs``, ``vf_coef``, ...) are left out; a value the sampler cannot produce is an
+    :class:`~sb3_ppo_ext.validation.InvalidSettingError`, except ``ent_coef: 0.0`` (the space's ``1e-8``).
 
-    Keys the space does not sample (``n_envs``, ``normalize``, ``vf_coef``, ...) are not
-    returned: rl-zoo3 keeps them from the entry. Values the sampler cannot produce are errors,
-    except ``ent_coef: 0.0``, which becomes the space's lower bound ``1e-8``.
-
-    :param entry: settings in rl-zoo3's yml form (``learning_rate: lin_0.001``, ``activation_fn: relu``)
+    :param entry: settings in rl-zoo3's yml form
     :param continuous: whether the env's action space is ``Box``
-    :return: trial parameters; replaying them with :func:`convert_zoo_params` gives the entry's values
-    :raises ValueError: a value outside the search space (names the key, the value and what is allowed)
     """
-    # PPOExt's own defaults, from its signature (the settings owner reads them there).
-    get: Callable[[str], Any] = {**signature_defaults(PPOExt), **entry}.get
+    defaults = {name: parameter.default for name, parameter in inspect.signature(PPOExt).parameters.items()}
+    get: Callable[[str], Any] = {**defaults, **entry}.get
     learning_rate = get("learning_rate")
     linear = isinstance(learning_rate, str) and learning_rate.startswith("lin_")
     clip_range = get("clip_range")
@@ -431,35 +390,3 @@ def sample_zoo_params(trial: optuna.Trial, n_actions: int, n_envs: int, addition
 def convert_zoo_params(params: dict[str, Any]) -> dict[str, Any]:
     """rl-zoo3's ``HYPERPARAMS_CONVERTER["ppo_ext"]``: yml-form settings (rl-zoo3 builds the schedules)."""
     return _replay(params)
-
-
-__all__ = [
-    "ACTIVATIONS",
-    "CLIP_RANGES",
-    "CLIP_RANGES_VF",
-    "CRITIC_MEMORIES",
-    "HEARTBEAT_INTERVAL",
-    "LSTM_HIDDEN_SIZES",
-    "MAX_RETRY",
-    "NET_ARCHS",
-    "N_EPOCHS",
-    "N_LSTM_LAYERS",
-    "SCHEDULE_KEYS",
-    "SDE_SAMPLE_FREQS",
-    "TARGET_KLS",
-    "StorageError",
-    "activation_class",
-    "convert_maskable_zoo_params",
-    "convert_recurrent_zoo_params",
-    "convert_zoo_params",
-    "make_storage",
-    "params_from_zoo_entry",
-    "ppo_ext_kwargs_from_params",
-    "sample_maskable_zoo_params",
-    "sample_ppo_ext_params",
-    "sample_recurrent_zoo_form",
-    "sample_recurrent_zoo_params",
-    "sample_zoo_form",
-    "sample_zoo_params",
-    "to_ppo_ext_kwargs",
-]

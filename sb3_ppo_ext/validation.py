@@ -1,51 +1,47 @@
-"""Input validators: the primitives of the parameter rules (:mod:`sb3_ppo_ext.parameters`), used by every check.
+"""The one table of parameter rules (:data:`ALGORITHM_RULES`, :data:`POLICY_KWARG_RULES`) and its validators.
 
-Every check raises :class:`InvalidSettingError` with a message naming the parameter, the value and
-what is allowed. It is a ``ValueError`` and also an ``AssertionError``: Stable-Baselines3's PPO
-asserts some of the same settings (``batch_size > 1``, a positive ``clip_range_vf``, ...), and code
-written against PPO that catches ``AssertionError`` keeps working with PPOExt.
-
-Numbers are judged like PPO uses them: any real number type (Python ``int`` / ``float``, numpy
-scalars such as ``np.float32(0.5)`` or ``np.int64(4)``) is a number; ``bool`` is not (``True``
-would silently be 1). A boolean must be a real boolean (``bool`` or ``np.bool_``): the string
-``"false"`` is truthy and would switch a feature on.
-
-This module imports nothing from the rest of the package.
+The algorithms' constructors and ``load`` apply the rows with :func:`check_arguments`, the policies'
+constructors with :func:`check_policy_kwargs`, the settings check of yml entries key by key,
+``ParameterScheduler`` with :func:`scheduled_value_problem`. Each raises :class:`InvalidSettingError`.
+Python and numpy scalars are numbers, ``bool`` is not; a boolean must be a ``bool`` or ``np.bool_``.
 """
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import math
 import numbers
-from collections.abc import Mapping, Sequence
-from typing import Any
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
+from gymnasium import spaces
+from stable_baselines3.common.utils import LinearSchedule
+from torch import nn
 
 
 class InvalidSettingError(ValueError, AssertionError):
     """
-    An invalid setting. A ``ValueError`` whose message names the parameter, the value and what is
-    allowed; also an ``AssertionError``, as Stable-Baselines3's PPO asserts the settings it checks.
+    An invalid setting: a ``ValueError`` whose message names the parameter, the value and what is allowed;
+    also an ``AssertionError``, as Stable-Baselines3's PPO asserts some of the same settings.
     """
 
 
-class SettingsError(InvalidSettingError):
-    """A settings entry or file is invalid: the message names the file, the entry, each key and the problem."""
-
-
-def is_real(value: Any) -> bool:
+def is_real(value: object) -> bool:
     """Whether ``value`` is a real number (Python or numpy scalar), ``bool`` excluded."""
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
 
-def is_int(value: Any) -> bool:
-    """Whether ``value`` is an integer (Python ``int`` or numpy integer scalar), ``bool`` excluded."""
+def is_int(value: object) -> bool:
+    """Whether ``value`` is an integer (Python or numpy scalar), ``bool`` excluded."""
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
-def is_bool(value: Any) -> bool:
-    """Whether ``value`` is a boolean (``bool`` or ``np.bool_``)."""
+def is_bool(value: object) -> bool:
+    """Whether ``value`` is a ``bool`` or ``np.bool_``."""
     return isinstance(value, (bool, np.bool_))
 
 
@@ -56,23 +52,11 @@ def _bounds_text(low: float | None, high: float | None, strict: bool) -> str:
 
 
 def check_real(
-    name: str,
-    value: Any,
-    low: float | None = None,
-    high: float | None = None,
-    strict: bool = True,
-    finite: bool = True,
+    name: str, value: Any, low: float | None = None, high: float | None = None, strict: bool = True, finite: bool = True
 ) -> float:
     """
-    ``float(value)``, or an :class:`InvalidSettingError` unless ``value`` is a real number within the bounds.
-
-    :param name: parameter name, for the message
-    :param value: the value to check
-    :param low: lower bound (``None``: none)
-    :param high: upper bound, inclusive (``None``: none)
-    :param strict: whether the lower bound is exclusive
-    :param finite: whether infinity is rejected (NaN always is)
-    :return: the value as a float
+    ``float(value)``, or an :class:`InvalidSettingError` unless ``value`` is a real number above ``low`` (or
+    equal, unless ``strict``) and at most ``high``; infinity only unless ``finite``, NaN never.
     """
     ok = is_real(value) and not math.isnan(value) and (math.isfinite(value) or not finite)
     if ok and low is not None:
@@ -86,21 +70,12 @@ def check_real(
 
 
 def optional_real(name: str, value: Any, **bounds: Any) -> float | None:
-    """:func:`check_real` (same keyword arguments: ``low``, ``high``, ``strict``, ``finite``) letting ``None`` through."""
+    """:func:`check_real` (same keyword arguments) letting ``None`` through."""
     return None if value is None else check_real(name, value, **bounds)
 
 
 def check_int(name: str, value: Any, low: int | None = 1) -> int:
-    """
-    ``int(value)``, or an :class:`InvalidSettingError` unless ``value`` is an integer ``>= low``.
-
-    A float, even a whole one such as ``2.0``, is not an integer (PPO fails on it later with a TypeError).
-
-    :param name: parameter name, for the message
-    :param value: the value to check
-    :param low: smallest allowed value (``None``: any integer)
-    :return: the value as an int
-    """
+    """``int(value)``, or an :class:`InvalidSettingError` unless ``value`` is an integer ``>= low`` (``2.0`` is not)."""
     if not is_int(value) or (low is not None and value < low):
         bound = "" if low is None else f" >= {low}"
         whole_float = is_real(value) and not is_int(value) and float(value).is_integer()
@@ -115,15 +90,7 @@ def check_positive_int(name: str, value: Any) -> int:
 
 
 def check_bool(name: str, value: Any, allow_none: bool = False) -> bool | None:
-    """
-    ``bool(value)``, or an :class:`InvalidSettingError` unless ``value`` is a ``bool`` or ``np.bool_``
-    (or an allowed ``None``). Strings such as ``"false"`` are rejected: they are truthy.
-
-    :param name: parameter name, for the message
-    :param value: the value to check
-    :param allow_none: whether ``None`` is allowed (and returned as is)
-    :return: the value as a bool (or None)
-    """
+    """``bool(value)`` (or an allowed ``None``), or an :class:`InvalidSettingError` unless ``value`` is a boolean."""
     if value is None and allow_none:
         return None
     if not is_bool(value):
@@ -155,17 +122,11 @@ def check_real_pair(name: str, value: Any, finite: bool = True) -> tuple[float, 
 
 
 def check_number_or_schedule(
-    name: str,
-    value: Any,
-    allow_none: bool = False,
-    check_schedule: bool = True,
-    low: float = 0.0,
-    strict: bool = True,
+    name: str, value: Any, allow_none: bool = False, check_schedule: bool = True, low: float = 0.0, strict: bool = True
 ) -> None:
     """
-    An :class:`InvalidSettingError` unless ``value`` is a finite number above ``low`` (``>= low``
-    when not ``strict``), a schedule whose value at progress 1 is (when ``check_schedule``), or an
-    allowed ``None``.
+    An :class:`InvalidSettingError` unless ``value`` is a finite number above ``low`` (``>= low`` unless
+    ``strict``), a schedule whose value at progress 1 is (evaluated when ``check_schedule``), or an allowed ``None``.
     """
     bound = _bounds_text(low, None, strict)
     if value is None:
@@ -185,10 +146,7 @@ def check_number_or_schedule(
 
 
 def linear_schedule_start(value: Any) -> float | None:
-    """
-    The initial value ``x`` of rl-zoo3's linear schedule string ``"lin_<x>"`` (a schedule from ``x``
-    to 0), or ``None`` when ``value`` is not such a string with a finite ``x > 0``.
-    """
+    """The ``x`` of rl-zoo3's linear schedule string ``"lin_<x>"`` (from ``x`` to 0) with a finite ``x > 0``, else ``None``."""
     if not isinstance(value, str) or not value.startswith("lin_"):
         return None
     try:
@@ -198,8 +156,256 @@ def linear_schedule_start(value: Any) -> float | None:
     return start if math.isfinite(start) and start > 0 else None
 
 
-def check_lstm_kwargs(name: str, value: Any) -> None:
-    """An :class:`InvalidSettingError` unless ``value`` is ``None`` or a mapping whose ``dropout`` (if any) is in [0, 1]."""
+# --- the rows -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rule:
+    """
+    What one parameter may be.
+
+    :param kind: ``"real"``, ``"int"``, ``"bool"``, ``"choice"`` (one of ``choices``), ``"pair"``
+        (``(min, max)`` numbers) or ``"check"`` (judged by ``check``)
+    :param low: lower bound (``None``: none); for a pair, the bound ``min`` must exceed
+    :param high: upper bound, inclusive (``None``: none)
+    :param strict: whether ``low`` is exclusive (ints: always ``>= low``)
+    :param finite: whether infinity is rejected (NaN always is)
+    :param nullable: whether ``None`` is allowed (the feature off)
+    :param schedule: whether a schedule is allowed (a callable of the progress remaining, judged at
+        progress 1; in a yml entry, rl-zoo3's ``lin_<x>``)
+    :param choices: the allowed values of a ``"choice"``
+    :param check: ``check(name, value)`` raising :class:`InvalidSettingError`, for a ``"check"``
+    :param scheduled: ``(low, strict, high)`` for a value set by ``ParameterScheduler``, when stricter
+    :param at_construction: whether the policies' constructors apply it (``False``: yml entries only)
+    """
+
+    kind: Literal["real", "int", "bool", "choice", "pair", "check"]
+    low: float | None = None
+    high: float | None = None
+    strict: bool = True
+    finite: bool = True
+    nullable: bool = False
+    schedule: bool = False
+    choices: tuple[object, ...] = ()
+    check: Callable[[str, Any], object] | None = None
+    scheduled: tuple[float | None, bool, float | None] | None = None
+    at_construction: bool = True
+
+    def judge(self, name: str, value: Any, check_schedule: bool = True) -> None:
+        """
+        An :class:`InvalidSettingError` naming ``name``, the value and what is allowed, unless ``value`` meets the rule.
+
+        :param name: the name for the message (``policy_kwargs.<key>`` for a policy keyword)
+        :param value: the value (schedules are callables)
+        :param check_schedule: whether to evaluate a schedule at progress 1
+        """
+        if self.schedule:
+            low = 0.0 if self.low is None else self.low
+            check_number_or_schedule(name, value, self.nullable, check_schedule, low, self.strict)
+        elif value is None and self.nullable:
+            return
+        elif self.kind == "real":
+            check_real(name, value, self.low, self.high, self.strict, self.finite)
+        elif self.kind == "int":
+            check_int(name, value, None if self.low is None else int(self.low))
+        elif self.kind == "bool":
+            check_bool(name, value)
+        elif self.kind == "choice":
+            check_choice(name, value, self.choices)
+        elif self.kind == "pair":
+            low, _ = check_real_pair(name, value, self.finite)
+            if self.low is not None and not low > self.low:
+                raise InvalidSettingError(f"{name}={value!r} is invalid: expected finite {self.low:g} < min <= max")
+        elif self.check is not None:
+            self.check(name, value)
+
+    def scheduled_bounds(self) -> tuple[float | None, bool, float | None]:
+        """``(low, strict, high)`` a value set by ``ParameterScheduler`` must meet (an int: ``>= low``)."""
+        return self.scheduled or (self.low, self.strict and self.kind != "int", self.high)
+
+
+VF_CLIP_MODES = ("clipped", "max")
+ENTROPY_ESTIMATORS = ("sample", "gaussian", "mc")
+ACTION_DISTS = ("gaussian", "beta")
+DEFAULT_LOG_STD_BOUNDS = (-5.0, 2.0)
+
+# Every checked argument of the algorithms (PPO's, in PPO's order, then PPOExt's own). A float is not an
+# int; inf is PPO's "no gradient clipping" and "no early stop".
+ALGORITHM_RULES: dict[str, Rule] = {
+    "learning_rate": Rule("real", low=0.0, strict=False, schedule=True, scheduled=(0.0, True, None)),
+    "n_steps": Rule("int", low=1),
+    "batch_size": Rule("int", low=1),
+    "n_epochs": Rule("int", low=1),
+    "gamma": Rule("real", low=0.0, high=1.0, strict=False),
+    "gae_lambda": Rule("real", low=0.0, high=1.0, strict=False),
+    "clip_range": Rule("real", low=0.0, nullable=True, schedule=True),
+    "clip_range_vf": Rule("real", low=0.0, nullable=True, schedule=True),
+    "normalize_advantage": Rule("bool"),
+    "ent_coef": Rule("real"),
+    "vf_coef": Rule("real", scheduled=(0.0, False, None)),
+    "max_grad_norm": Rule("real", low=0.0, finite=False),
+    "use_sde": Rule("bool"),
+    "sde_sample_freq": Rule("int"),
+    "target_kl": Rule("real", low=0.0, finite=False, nullable=True),
+    "stats_window_size": Rule("int", low=1),
+    "vf_clip_mode": Rule("choice", choices=VF_CLIP_MODES),
+    "kl_coef": Rule("real", low=0.0, strict=False),
+    "kl_target": Rule("real", low=0.0, nullable=True),
+    "kl_adapt_factor": Rule("real", low=1.0),
+    "kl_adapt_tolerance": Rule("real", low=1.0),
+    "kl_coef_bounds": Rule("pair", low=0.0),
+}
+
+# The algorithms' other arguments, and who judges each instead of a row.
+UNRULED_ARGUMENTS: dict[str, str] = {
+    "policy": "the algorithm (an alias of policy_aliases or a policy class)",
+    "env": "SB3 (an env, a VecEnv or a registered id)",
+    "rollout_buffer_class": "SB3 (a class; the engine swaps upstream's for the one that carries pi_old)",
+    "rollout_buffer_kwargs": "the buffer class",
+    "tensorboard_log": "SB3's logger",
+    "policy_kwargs": "POLICY_KWARG_RULES, at the policy's construction",
+    "verbose": "SB3",
+    "seed": "SB3",
+    "device": "torch",
+    "_init_setup_model": "SB3",
+}
+
+# Arguments that take rl-zoo3's ``lin_<x>`` schedule strings.
+SCHEDULE_KEYS = tuple(name for name, rule in ALGORITHM_RULES.items() if rule.schedule)
+
+
+def check_arguments(arguments: Mapping[str, Any], check_schedules: bool = True, n_envs: int | None = None) -> None:
+    """
+    Each argument by its row of :data:`ALGORITHM_RULES`, then :func:`check_together`.
+
+    :param arguments: argument name -> value (any subset of the rows)
+    :param check_schedules: whether to evaluate schedules at progress 1
+    :param n_envs: the number of environments, when known
+    :raises TypeError: for a name without a row
+    """
+    unknown = set(arguments) - set(ALGORITHM_RULES)
+    if unknown:
+        raise TypeError(f"check_arguments() got unexpected arguments {sorted(unknown)}")
+    for name, value in arguments.items():
+        ALGORITHM_RULES[name].judge(name, value, check_schedules)
+    check_together(arguments, n_envs)
+
+
+def check_together(arguments: Mapping[str, Any], n_envs: int | None = None) -> None:
+    """
+    The rules that tie arguments together, each applied when its arguments are given: a one-sample
+    minibatch or rollout cannot be normalised (``n_steps * n_envs > 1`` when ``n_envs`` is known);
+    ``vf_clip_mode='max'`` needs ``clip_range_vf``; an adaptive beta needs ``kl_coef > 0`` within ``kl_coef_bounds``.
+    """
+    normalize = arguments.get("normalize_advantage", True)
+    if normalize and arguments.get("batch_size", 2) <= 1:
+        raise InvalidSettingError(
+            f"batch_size={arguments['batch_size']!r} is invalid with normalize_advantage=True: expected an int > 1 "
+            "(see https://github.com/DLR-RM/stable-baselines3/issues/440)"
+        )
+    n_steps = arguments.get("n_steps")
+    if n_envs is not None and n_steps is not None and normalize and n_steps * n_envs <= 1:
+        raise InvalidSettingError(f"n_steps * n_envs = {n_steps * n_envs} is invalid with normalize_advantage: expected > 1")
+    if arguments.get("vf_clip_mode") == "max" and "clip_range_vf" in arguments and arguments["clip_range_vf"] is None:
+        raise InvalidSettingError("vf_clip_mode='max' needs clip_range_vf (a positive float or schedule); it is None")
+    kl_target, kl_coef = arguments.get("kl_target"), arguments.get("kl_coef")
+    if kl_target is None or kl_coef is None:
+        return
+    if kl_coef == 0:
+        raise InvalidSettingError(
+            f"kl_target={kl_target!r} needs kl_coef > 0 (the initial beta); with kl_coef=0 the penalty is off"
+        )
+    bounds = arguments.get("kl_coef_bounds")
+    if bounds is not None and not float(bounds[0]) <= kl_coef <= float(bounds[1]):
+        raise InvalidSettingError(f"kl_coef={kl_coef!r} must lie within kl_coef_bounds={bounds!r} when kl_target is set")
+
+
+def is_integer_parameter(name: str) -> bool:
+    """Whether the algorithm argument ``name`` holds an int (a scheduled value is rounded)."""
+    rule = ALGORITHM_RULES.get(name)
+    return rule is not None and rule.kind == "int"
+
+
+def scheduled_value_problem(name: str, value: float) -> str | None:
+    """
+    What ``ParameterScheduler`` may not set ``name`` to (``"expected ..."``), or ``None``: a finite number
+    within the row's scheduled range (without a row: any finite number); an int row's value rounded.
+    """
+    rule = ALGORITHM_RULES.get(name)
+    low, strict, high = rule.scheduled_bounds() if rule is not None else (None, True, None)
+    integer = is_integer_parameter(name)
+    applied = round(value) if integer and math.isfinite(value) else value
+    try:
+        check_real(name, applied, low, high, strict)
+    except InvalidSettingError as error:
+        return str(error).split(" is invalid: ", 1)[-1] + (" (after rounding: it is an int)" if integer else "")
+    return None
+
+
+# --- the policies' keyword arguments ----------------------------------------------------------------
+
+ACTIVATIONS: dict[str, type[nn.Module]] = {
+    "tanh": nn.Tanh,
+    "relu": nn.ReLU,
+    "elu": nn.ELU,
+    "leaky_relu": nn.LeakyReLU,
+    "gelu": nn.GELU,
+    "silu": nn.SiLU,
+}
+
+
+def activation_class(name: str) -> type[nn.Module]:
+    """The torch class of an activation name of the yml form (``tanh``, ``nn.ReLU``, ...)."""
+    key = re.sub(r"^(torch\.)?nn\.", "", name.strip())
+    by_class_name = {cls.__name__: cls for cls in ACTIVATIONS.values()}
+    if key.lower() in ACTIVATIONS:
+        return ACTIVATIONS[key.lower()]
+    if key in by_class_name:
+        return by_class_name[key]
+    raise InvalidSettingError(f"activation_fn={name!r} is not one of {sorted(ACTIVATIONS)} (or their nn.* class names)")
+
+
+def _check_activation(name: str, value: object) -> None:
+    if isinstance(value, str):
+        activation_class(value)
+    elif not (isinstance(value, type) and issubclass(value, nn.Module)):
+        raise InvalidSettingError(f"'{name}: {value!r}' is invalid: expected an activation name such as tanh or relu")
+
+
+def _check_net_arch(name: str, value: object) -> None:
+    def layers_ok(layers: object) -> bool:
+        return isinstance(layers, (list, tuple)) and all(is_int(n) and n >= 1 for n in layers)
+
+    if value is None or layers_ok(value):
+        return
+    if isinstance(value, Mapping) and set(value) <= {"pi", "vf", "qf"} and all(layers_ok(v) for v in value.values()):
+        return
+    raise InvalidSettingError(f"'{name}: {value!r}' is invalid: expected a list of layer sizes or dict(pi=[...], vf=[...])")
+
+
+def check_network_learning_rates(name: str, value: object) -> None:
+    """
+    An :class:`InvalidSettingError` unless ``value`` is ``None`` or ``{"pi": rate, "vf": rate}``, each rate
+    a positive finite number, ``"lin_<x>"`` with ``x > 0`` or a callable positive at progress 1.
+    """
+    if value is None:
+        return
+    if not isinstance(value, Mapping) or set(value) != {"pi", "vf"}:
+        raise InvalidSettingError(
+            f"{name}={value!r} is invalid: expected a mapping with exactly the keys 'pi' (the actor) and 'vf' (the critic), "
+            "e.g. {'pi': 3e-4, 'vf': 1e-3}"
+        )
+    for network in ("pi", "vf"):
+        rate = value[network]
+        if isinstance(rate, str) and linear_schedule_start(rate) is None:
+            raise InvalidSettingError(
+                f"{name}.{network}={rate!r} is invalid: expected a number > 0, a schedule or 'lin_<x>' with x > 0"
+            )
+        if not isinstance(rate, str):
+            check_number_or_schedule(f"{name}.{network}", rate)
+
+
+def _check_lstm_kwargs(name: str, value: object) -> None:
     if value is None:
         return
     if not isinstance(value, Mapping):
@@ -208,75 +414,201 @@ def check_lstm_kwargs(name: str, value: Any) -> None:
         check_real(f"{name}.dropout", value["dropout"], low=0.0, high=1.0, strict=False)
 
 
-# The action distributions of PPOExt's policies for Box actions (``policy_kwargs["action_dist"]``).
-ACTION_DISTS = ("gaussian", "beta")
-# The networks of ``policy_kwargs["learning_rates"]``: the actor and the critic.
-LEARNING_RATE_NETWORKS = ("pi", "vf")
+# Every ``policy_kwargs`` key of the package's policies judged by value (the rest: UNRULED_POLICY_KWARGS).
+POLICY_KWARG_RULES: dict[str, Rule] = {
+    # PPOExt's heads and modes
+    "squash_output": Rule("bool", nullable=True),
+    "state_dependent_std": Rule("bool"),
+    "log_std_bounds": Rule("pair", nullable=True),
+    "entropy_estimator": Rule("choice", nullable=True, choices=ENTROPY_ESTIMATORS),
+    "action_dist": Rule("choice", choices=ACTION_DISTS),
+    "learning_rates": Rule("check", check=check_network_learning_rates),
+    "fast": Rule("bool"),
+    # SB3's ActorCriticPolicy (the gSDE-only flags are saved as None when gSDE is off)
+    "log_std_init": Rule("real"),
+    "ortho_init": Rule("bool"),
+    "share_features_extractor": Rule("bool"),
+    "normalize_images": Rule("bool"),
+    "full_std": Rule("bool", nullable=True),
+    "use_expln": Rule("bool", nullable=True),
+    "net_arch": Rule("check", check=_check_net_arch, at_construction=False),
+    "activation_fn": Rule("check", check=_check_activation, at_construction=False),
+    # sb3-contrib's LSTM policies
+    "lstm_hidden_size": Rule("int", low=1),
+    "n_lstm_layers": Rule("int", low=1),
+    "lstm_kwargs": Rule("check", check=_check_lstm_kwargs),
+    "shared_lstm": Rule("bool"),
+    "enable_critic_lstm": Rule("bool"),
+}
+
+# The policies' other keyword arguments, and who judges each instead of a row.
+UNRULED_POLICY_KWARGS: dict[str, str] = {
+    "features_extractor_class": "SB3 (a class, the user's choice)",
+    "features_extractor_kwargs": "the features extractor class (the settings check: a mapping)",
+    "optimizer_class": "SB3 (a torch optimizer class)",
+    "optimizer_kwargs": "the optimizer class (the settings check: a mapping)",
+}
 
 
-def check_network_learning_rates(name: str, value: Any) -> None:
+def check_policy_kwargs(policy_kwargs: Mapping[str, Any], action_space: spaces.Space | None = None) -> None:
     """
-    An :class:`InvalidSettingError` unless ``value`` is ``None`` or a mapping with exactly the keys
-    ``"pi"`` and ``"vf"``, each a positive finite number, a linear schedule ``"lin_<x>"`` with ``x > 0``
-    or a callable of the progress remaining that is positive at progress 1.
+    The policies' constructors' check: each key by its row (``use_sde``, which the algorithm passes, by
+    its row of :data:`ALGORITHM_RULES`), then :func:`check_policy_kwargs_together`.
 
-    :param name: parameter name, for the message (``policy_kwargs.learning_rates``)
-    :param value: the value to check
+    :param policy_kwargs: the constructor's keyword arguments
+    :param action_space: the policy's action space
     """
-    if value is None:
-        return
-    if not isinstance(value, Mapping) or set(value) != set(LEARNING_RATE_NETWORKS):
-        raise InvalidSettingError(
-            f"{name}={value!r} is invalid: expected a mapping with exactly the keys 'pi' (the actor) and 'vf' (the critic), "
-            "e.g. {'pi': 3e-4, 'vf': 1e-3}"
-        )
-    for network in LEARNING_RATE_NETWORKS:
-        rate = value[network]
-        if isinstance(rate, str):
-            if linear_schedule_start(rate) is None:
+    for key, value in policy_kwargs.items():
+        rule = POLICY_KWARG_RULES.get(key)
+        if rule is not None and rule.at_construction:
+            rule.judge(f"policy_kwargs.{key}", value)
+        elif key == "use_sde":
+            ALGORITHM_RULES[key].judge(key, value)
+    check_policy_kwargs_together(policy_kwargs, action_space)
+
+
+def check_policy_kwargs_together(policy_kwargs: Mapping[str, Any], action_space: spaces.Space | None = None) -> None:
+    """
+    The rules that tie policy keyword arguments together (each value already judged by its row) and, with
+    ``action_space``, those on the space: the Beta head excludes the Gaussian head's settings; a shared LSTM
+    needs ``enable_critic_lstm=False`` and the shared features extractor; ``state_dependent_std`` excludes gSDE,
+    and takes ``log_std_bounds`` with ``log_std_init`` strictly inside; ``entropy_estimator`` needs the squashed
+    head; the heads for ``Box`` need a ``Box`` space, squashed and Beta ones finite bounds.
+    """
+    get = policy_kwargs.get
+    dist, squash, state_dependent, use_sde = (
+        get("action_dist"),
+        get("squash_output"),
+        get("state_dependent_std"),
+        get("use_sde"),
+    )
+    log_std_bounds, log_std_init, entropy_estimator = get("log_std_bounds"), get("log_std_init", 0.0), get("entropy_estimator")
+    if dist == "beta":
+        excluded = {
+            "squash_output": squash is False,
+            "state_dependent_std": state_dependent is True,
+            "log_std_bounds": log_std_bounds is not None,
+            "entropy_estimator": entropy_estimator is not None,
+            "log_std_init": is_real(log_std_init) and float(log_std_init) != 0.0,
+            "use_sde": use_sde is True,
+        }
+        for key, conflicting in excluded.items():
+            if conflicting:
                 raise InvalidSettingError(
-                    f"{name}.{network}={rate!r} is invalid: expected a number > 0, a schedule or 'lin_<x>' with x > 0"
+                    f"{'' if key == 'use_sde' else 'policy_kwargs.'}{key}={get(key)!r} is invalid with policy_kwargs."
+                    "action_dist='beta': the Beta head is bounded by construction, has a state-dependent spread of its "
+                    f"own and a closed-form entropy; {key} applies to the Gaussian head (action_dist='gaussian')"
                 )
-            continue
-        check_number_or_schedule(f"{name}.{network}", rate)
+    if get("shared_lstm") is True and get("enable_critic_lstm", True) is True:
+        raise InvalidSettingError(
+            "policy_kwargs.shared_lstm=True is invalid with policy_kwargs.enable_critic_lstm=True (its default): "
+            "the critic either shares the actor's LSTM or has its own; set enable_critic_lstm=False to share it"
+        )
+    if get("shared_lstm") is True and get("share_features_extractor", True) is False:
+        raise InvalidSettingError(
+            "policy_kwargs.shared_lstm=True is invalid with policy_kwargs.share_features_extractor=False: "
+            "a shared LSTM needs the shared features extractor"
+        )
+    if state_dependent and use_sde:
+        raise InvalidSettingError("state_dependent_std=True cannot be combined with use_sde=True (gSDE has its own std)")
+    if log_std_bounds is not None and not state_dependent:
+        raise InvalidSettingError(
+            f"log_std_bounds={log_std_bounds!r} only applies with state_dependent_std=True; "
+            "the state-independent log-std is a free parameter"
+        )
+    low, high = DEFAULT_LOG_STD_BOUNDS if log_std_bounds is None else (float(log_std_bounds[0]), float(log_std_bounds[1]))
+    if state_dependent and is_real(log_std_init) and not low < log_std_init < high:
+        raise InvalidSettingError(
+            f"log_std_init={float(log_std_init)} must lie strictly inside log_std_bounds={(low, high)} "
+            "with state_dependent_std=True"
+        )
+    if action_space is not None:
+        _check_action_space(policy_kwargs, action_space)
+    elif entropy_estimator is not None and squash is False:
+        _raise_unsquashed_entropy(entropy_estimator)
 
 
-def check_action_dist_together(
-    action_dist: Any,
-    squash_output: Any = None,
-    state_dependent_std: Any = False,
-    log_std_bounds: Any = None,
-    entropy_estimator: Any = None,
-    log_std_init: Any = 0.0,
-    use_sde: Any = False,
-) -> None:
-    """
-    An :class:`InvalidSettingError` for an unknown ``action_dist`` or one combined with a setting it
-    excludes: the Beta head is bounded by construction (``squash_output`` must be ``None`` or ``True``),
-    has its own state-dependent spread and a closed-form entropy (no ``state_dependent_std``,
-    ``log_std_bounds``, ``entropy_estimator``, ``log_std_init`` other than 0, nor gSDE).
-    """
-    check_choice("policy_kwargs.action_dist", action_dist, ACTION_DISTS)
-    if action_dist != "beta":
-        return
-    # setting -> (its value, whether it is set to something the Beta head excludes)
-    given = {
-        "squash_output": (squash_output, squash_output is False),
-        "state_dependent_std": (state_dependent_std, state_dependent_std is True),
-        "log_std_bounds": (log_std_bounds, log_std_bounds is not None),
-        "entropy_estimator": (entropy_estimator, entropy_estimator is not None),
-        "log_std_init": (log_std_init, is_real(log_std_init) and float(log_std_init) != 0.0),
-        "use_sde": (use_sde, use_sde is True),
-    }
-    for key, (value, conflicting) in given.items():
-        if conflicting:
-            where = key if key == "use_sde" else f"policy_kwargs.{key}"
+def _raise_unsquashed_entropy(entropy_estimator: object) -> None:
+    raise InvalidSettingError(
+        f"entropy_estimator={entropy_estimator!r} only applies to the squashed head "
+        "(the unsquashed Gaussian's entropy is exact in closed form)"
+    )
+
+
+def _check_action_space(policy_kwargs: Mapping[str, Any], action_space: spaces.Space) -> None:
+    """The rules of :func:`check_policy_kwargs_together` on the action space (``squash_output=None``: squashed for ``Box``)."""
+    get = policy_kwargs.get
+    is_box, beta = isinstance(action_space, spaces.Box), get("action_dist") == "beta"
+    if beta and not is_box:
+        raise InvalidSettingError(f"policy_kwargs.action_dist='beta' needs a Box action space, got {action_space}")
+    squash = is_box if get("squash_output") is None else get("squash_output")
+    if squash and is_box:
+        assert isinstance(action_space, spaces.Box)
+        if not (
+            np.isfinite(action_space.low.astype(np.float64)).all() and np.isfinite(action_space.high.astype(np.float64)).all()
+        ):
+            setting = "action_dist='beta'" if beta else "squash_output=True"
             raise InvalidSettingError(
-                f"{where}={value!r} is invalid with policy_kwargs.action_dist='beta': the Beta head is bounded by "
-                "construction, has a state-dependent spread of its own and a closed-form entropy; "
-                f"{key} applies to the Gaussian head (action_dist='gaussian')"
+                f"{setting} needs finite action bounds, got low={action_space.low} high={action_space.high}; for unbounded "
+                "actions use policy_kwargs=dict(action_dist='gaussian', squash_output=False) (Gaussian plus clipping)"
             )
+    if squash and not is_box:
+        raise InvalidSettingError(
+            f"squash_output=True needs a Box action space, got {action_space}; "
+            "use squash_output=None (auto) or False for discrete action spaces"
+        )
+    if get("state_dependent_std") and not is_box:
+        raise InvalidSettingError(f"state_dependent_std=True needs a Box action space, got {action_space}")
+    if get("entropy_estimator") is not None and not squash:
+        _raise_unsquashed_entropy(get("entropy_estimator"))
 
 
-# The Gaussian head's settings that the Beta head excludes (see :func:`check_action_dist_together`).
-BETA_EXCLUDED_KWARGS = ("squash_output", "state_dependent_std", "log_std_bounds", "entropy_estimator", "log_std_init")
+# Arguments the algorithm passes to the policy itself: not valid in policy_kwargs.
+POLICY_ARGUMENTS_SET_BY_ALGORITHM = frozenset({"self", "observation_space", "action_space", "lr_schedule", "use_sde"})
+
+
+def policy_parameters(policy_class: type) -> dict[str, object]:
+    """
+    The ``policy_kwargs`` a policy class takes, with their defaults (``inspect.Parameter.empty``: none): the
+    keyword parameters of its ``__init__`` and, while an ``__init__`` passes ``**kwargs`` on, its base classes'.
+    """
+    parameters: dict[str, object] = {}
+    for klass in policy_class.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        signature = inspect.signature(init)
+        for parameter in signature.parameters.values():
+            if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
+                parameters.setdefault(parameter.name, parameter.default)
+        if not any(p.kind == p.VAR_KEYWORD for p in signature.parameters.values()):
+            break
+    return {name: default for name, default in parameters.items() if name not in POLICY_ARGUMENTS_SET_BY_ALGORITHM}
+
+
+def unknown_key(key: object, allowed: list[str], where: str = "") -> str:
+    """The problem of a key that is not among ``allowed``, with the closest valid name."""
+    close = difflib.get_close_matches(str(key), allowed, n=1) if isinstance(key, str) else []
+    return f"unknown key {key!r}{where}" + (f" (did you mean '{close[0]}'?)" if close else "")
+
+
+def unknown_policy_kwarg(key: object, policy_class: type, parameters: Mapping[str, object] | None = None) -> str:
+    """The problem of a ``policy_kwargs`` key that ``policy_class`` does not take, with the closest valid name."""
+    names = sorted(policy_parameters(policy_class) if parameters is None else parameters)
+    return unknown_key(key, names, f" in policy_kwargs of {policy_class.__name__}")
+
+
+def to_algorithm_kwargs(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """
+    Settings in rl-zoo3's yml form as keyword arguments of the algorithm (a new dict): ``lin_<x>`` strings
+    of :data:`SCHEDULE_KEYS` become linear schedules from x to 0, ``policy_kwargs["activation_fn"]`` names torch classes.
+    """
+    kwargs = dict(entry)
+    for key in SCHEDULE_KEYS:
+        start = linear_schedule_start(kwargs.get(key))
+        if start is not None:
+            kwargs[key] = LinearSchedule(start, 0.0, 1.0)
+    policy_kwargs = kwargs.get("policy_kwargs")
+    if isinstance(policy_kwargs, Mapping) and isinstance(policy_kwargs.get("activation_fn"), str):
+        kwargs["policy_kwargs"] = {**policy_kwargs, "activation_fn": activation_class(policy_kwargs["activation_fn"])}
+    return kwargs

@@ -125,7 +125,7 @@ def test_maskable_sampler_and_converter_agree_and_build_a_model():
     import optuna
 
     from sb3_ppo_ext.samplers import convert_maskable_zoo_params, sample_maskable_zoo_params
-    from sb3_ppo_ext.settings import to_algorithm_kwargs
+    from sb3_ppo_ext.validation import to_algorithm_kwargs
 
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
     for _ in range(8):
