@@ -1,12 +1,10 @@
 """Optuna search space of PPOExt, MaskablePPOExt and RecurrentPPOExt, for rl-zoo3 (``-optimize``) or plain Optuna.
 
-The space is define-by-run: a parameter is asked for only when it matters (``kl_target`` only with an
-adaptive KL penalty, ``clip_range_vf`` only with value clipping, the action head's knobs only for ``Box``
-actions). It is stock PPO's space in rl-zoo3 plus PPOExt's objective (clip / KL penalty / both), value-clip
-mode, action head (squashed or clipped Gaussian, Beta, state-dependent std, gSDE, entropy estimator) and
-per-network learning rates. The sampler is written once, in rl-zoo3's yml form (``learning_rate: lin_0.001``,
-``activation_fn: tanh``); each converter replays it on an ``optuna.trial.FixedTrial``, so they cannot drift
-apart, and :func:`params_from_zoo_entry` is its inverse. Importing this module does not import optuna.
+Define-by-run: a parameter is asked for only when it matters (``kl_target`` only with an adaptive KL
+penalty, the action head's knobs only for ``Box`` actions). It is stock PPO's space in rl-zoo3 plus PPOExt's
+objective, value-clip mode, action head and per-network learning rates, written once in rl-zoo3's yml form;
+each converter replays it on an ``optuna.trial.FixedTrial`` and :func:`params_from_zoo_entry` is its inverse.
+Importing this module does not import optuna.
 """
 
 from __future__ import annotations
@@ -14,26 +12,16 @@ from __future__ import annotations
 import inspect
 import math
 import warnings
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
+from sb3_ppo_ext import validation
 from sb3_ppo_ext.ppo_ext import PPOExt
-from sb3_ppo_ext.validation import (
-    ACTION_DISTS,
-    ALGORITHM_RULES,
-    POLICY_KWARG_RULES,
-    InvalidSettingError,
-    activation_class,
-    check_choice,
-    is_int,
-    linear_schedule_start,
-    to_algorithm_kwargs,
-)
+from sb3_ppo_ext.validation import InvalidSettingError, check_choice, linear_schedule_start, to_algorithm_kwargs
 
 if TYPE_CHECKING:
     import optuna
 
-NET_ARCHS: dict[str, dict[str, list[int]]] = {
+NET_ARCHS = {
     "tiny": dict(pi=[64], vf=[64]),
     "small": dict(pi=[64, 64], vf=[64, 64]),
     "medium": dict(pi=[256, 256], vf=[256, 256]),
@@ -43,8 +31,15 @@ TARGET_KLS = [None, 0.01, 0.02, 0.05]
 CLIP_RANGES = [0.1, 0.2, 0.3, 0.4]
 CLIP_RANGES_VF = [0.1, 0.2, 0.5, 1.0, 10.0]
 SDE_SAMPLE_FREQS = [-1, 4, 16]
-# (low, high) of the critic's learning rate over the actor's, sampled log-uniformly with separate_lr.
-LR_VF_RATIOS = (0.25, 8.0)
+LR_VF_RATIOS = (0.25, 8.0)  # the critic's learning rate over the actor's, sampled log-uniformly with separate_lr
+LSTM_HIDDEN_SIZES = [16, 32, 64, 128]
+N_LSTM_LAYERS = [1, 2]
+# How the critic reads the history: its own LSTM, the actor's (not trained by the value loss), or none.
+CRITIC_MEMORIES = {
+    "own_lstm": dict(enable_critic_lstm=True, shared_lstm=False),
+    "shared_lstm": dict(enable_critic_lstm=False, shared_lstm=True),
+    "mlp": dict(enable_critic_lstm=False, shared_lstm=False),
+}
 # Values of the parameters added to the space after studies were run with it (replayed as before).
 REPLAY_DEFAULTS: dict[str, object] = {"action_dist": "gaussian", "separate_lr": False}
 
@@ -112,7 +107,7 @@ def _sample_policy(trial: optuna.trial.BaseTrial, continuous: bool) -> dict[str,
         return {"policy_kwargs": policy_kwargs}
     squash = trial.suggest_categorical("squash", [True, False])
     # The head: squashed Gaussian or Beta (both bounded, "squash"), or the clipped Gaussian.
-    if squash and trial.suggest_categorical("action_dist", list(ACTION_DISTS)) == "beta":
+    if squash and trial.suggest_categorical("action_dist", list(validation.ACTION_DISTS)) == "beta":
         policy_kwargs.update(squash_output=True, action_dist="beta")  # no std settings: the Beta's spread is its own
         return {"use_sde": False, "policy_kwargs": policy_kwargs}
     exploration = trial.suggest_categorical("exploration", ["gaussian", "state_dependent_std", "gsde"])
@@ -133,51 +128,43 @@ def _network_learning_rates(learning_rate: float | str, ratio: float) -> dict[st
     start = linear_schedule_start(learning_rate)
     if start is not None:  # "lin_<x>"
         return {"pi": learning_rate, "vf": f"lin_{start * ratio}"}
-    return {"pi": learning_rate, "vf": cast(float, learning_rate) * ratio}  # a number: not "lin_<x>"
+    return {"pi": learning_rate, "vf": float(learning_rate) * ratio}
 
 
-def sample_zoo_form(trial: optuna.trial.BaseTrial, continuous: bool = True) -> dict[str, Any]:
+def sample_zoo_form(trial: optuna.trial.BaseTrial, continuous: bool = True, recurrent: bool = False) -> dict[str, Any]:
     """
-    One PPOExt configuration in rl-zoo3's yml form; the derived values are recorded with ``trial.set_user_attr``.
-    With ``separate_lr`` the critic learns at ``lr_vf_ratio`` times the actor's rate (``learning_rates``: a
-    policy with a shared features extractor refuses it; set ``share_features_extractor: False``).
+    One configuration in rl-zoo3's yml form; derived values are recorded with ``trial.set_user_attr``. With
+    ``separate_lr`` the critic learns at ``lr_vf_ratio`` times the actor's rate (``learning_rates``).
 
     :param trial: an Optuna trial (or ``optuna.trial.FixedTrial`` to replay a trial's params)
     :param continuous: whether the action space is ``Box`` (adds the action-head parameters)
+    :param recurrent: whether to add RecurrentPPOExt's LSTM knobs (size, layers, the critic's memory)
     """
-    form = {
-        **_sample_rollout(trial),
-        **_sample_optimizer(trial),
-        **_sample_objective(trial),
-        **_sample_value_loss(trial),
-        **_sample_policy(trial, continuous),
-    }
+    form = {**_sample_rollout(trial), **_sample_optimizer(trial), **_sample_objective(trial), **_sample_value_loss(trial)}
+    form.update(_sample_policy(trial, continuous))
     if trial.suggest_categorical("separate_lr", [False, True]):
         ratio = trial.suggest_float("lr_vf_ratio", LR_VF_RATIOS[0], LR_VF_RATIOS[1], log=True)
         form["policy_kwargs"]["learning_rates"] = _network_learning_rates(form["learning_rate"], ratio)
+    if recurrent:
+        form["policy_kwargs"].update(
+            lstm_hidden_size=trial.suggest_categorical("lstm_hidden_size", LSTM_HIDDEN_SIZES),
+            n_lstm_layers=trial.suggest_categorical("n_lstm_layers", N_LSTM_LAYERS),
+            **CRITIC_MEMORIES[trial.suggest_categorical("critic_memory", list(CRITIC_MEMORIES))],
+        )
     return form
 
 
 def sample_ppo_ext_params(trial: optuna.Trial, continuous: bool = True) -> dict[str, Any]:
-    """
-    PPOExt keyword arguments sampled from ``trial``, for plain Optuna (``PPOExt("MlpPolicy", env, **kwargs)``).
-
-    :param trial: an Optuna trial
-    :param continuous: whether the env's action space is ``Box``
-    """
+    """PPOExt keyword arguments sampled from ``trial`` (``continuous``: Box actions), for plain Optuna."""
     return to_algorithm_kwargs(sample_zoo_form(trial, continuous))
 
 
-def _fixed_trial(params: dict[str, Any]) -> optuna.trial.FixedTrial:
-    """A FixedTrial of ``params``; the parameters added to the space later default to their old behaviour."""
+def _replay(params: dict[str, Any], recurrent: bool = False) -> dict[str, Any]:
+    """The sampler on a FixedTrial of ``params`` (action-head parameters exist only in trials on a Box action space)."""
     import optuna
 
-    return optuna.trial.FixedTrial({**REPLAY_DEFAULTS, **params})
-
-
-def _replay(params: dict[str, Any]) -> dict[str, Any]:
-    # The action-head parameters exist only in trials on a Box action space.
-    return sample_zoo_form(_fixed_trial(params), continuous="squash" in params)
+    trial = optuna.trial.FixedTrial({**REPLAY_DEFAULTS, **params})
+    return sample_zoo_form(trial, continuous="squash" in params, recurrent=recurrent)
 
 
 def ppo_ext_kwargs_from_params(params: dict[str, Any]) -> dict[str, Any]:
@@ -186,19 +173,17 @@ def ppo_ext_kwargs_from_params(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _ruled(name: str, value: Any) -> Any:
-    """``value``, after its row of the parameter table judged it (``policy_kwargs.<key>``: the policies' row)."""
+    """``value``, after its row of the rule table judged it (``policy_kwargs.<key>``: the policies' row)."""
     key = name.removeprefix("policy_kwargs.")
-    rule = POLICY_KWARG_RULES[key] if key != name else ALGORITHM_RULES[key]
+    rule = validation.POLICY_KWARG_RULES[key] if key != name else validation.ALGORITHM_RULES[key]
     rule.judge(name, value)
     return value
 
 
 def _power_of_two(name: str, value: Any, low: int, high: int) -> int:
-    exponent = math.log2(value) if is_int(value) and value > 0 else -1.0
+    exponent = math.log2(value) if validation.is_int(value) and value > 0 else -1.0
     if not exponent.is_integer() or not low <= exponent <= high:
-        raise InvalidSettingError(
-            f"{name}={value!r} is not a power of 2 between {2**low} and {2**high}, which the search space needs"
-        )
+        raise InvalidSettingError(f"{name}={value!r} is not a power of 2 between {2**low} and {2**high} (the search space's)")
     return int(exponent)
 
 
@@ -213,7 +198,7 @@ def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dic
     :param continuous: whether the env's action space is ``Box``
     """
     defaults = {name: parameter.default for name, parameter in inspect.signature(PPOExt).parameters.items()}
-    get: Callable[[str], Any] = {**defaults, **entry}.get
+    get = {**defaults, **entry}.get
     learning_rate = get("learning_rate")
     linear = isinstance(learning_rate, str) and learning_rate.startswith("lin_")
     clip_range = get("clip_range")
@@ -252,7 +237,7 @@ def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dic
     names = [name for name, arch in NET_ARCHS.items() if arch == net_arch]
     if not names:
         raise InvalidSettingError(f"policy_kwargs.net_arch={net_arch!r} is not one of the search space's {NET_ARCHS}")
-    activation = activation_class(policy_kwargs.get("activation_fn", "tanh"))
+    activation = validation.activation_class(policy_kwargs.get("activation_fn", "tanh"))
     params["net_arch"] = names[0]
     params["activation_fn"] = check_choice("activation_fn", activation.__name__.lower(), ["tanh", "relu"])
     params["ortho_init"] = _ruled("policy_kwargs.ortho_init", policy_kwargs.get("ortho_init", True))
@@ -264,18 +249,16 @@ def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dic
     action_dist = _ruled("policy_kwargs.action_dist", policy_kwargs.get("action_dist", "gaussian"))
     if params["squash"]:
         params["action_dist"] = action_dist
-    if action_dist == "beta":
-        _check_in_space(params, continuous)
-        return params
-    if _ruled("use_sde", get("use_sde")):
-        params["exploration"] = "gsde"
-        params["sde_sample_freq"] = check_choice("sde_sample_freq", get("sde_sample_freq"), SDE_SAMPLE_FREQS)
-    else:
-        state_dependent = _ruled("policy_kwargs.state_dependent_std", policy_kwargs.get("state_dependent_std", False))
-        params["exploration"] = "state_dependent_std" if state_dependent else "gaussian"
-    params["log_std_init"] = float(policy_kwargs.get("log_std_init", 0.0))
-    if params["squash"]:
-        params["entropy_estimator"] = policy_kwargs.get("entropy_estimator") or "mc"
+    if action_dist != "beta":  # the Gaussian head's exploration
+        if _ruled("use_sde", get("use_sde")):
+            params["exploration"] = "gsde"
+            params["sde_sample_freq"] = check_choice("sde_sample_freq", get("sde_sample_freq"), SDE_SAMPLE_FREQS)
+        else:
+            state_dependent = _ruled("policy_kwargs.state_dependent_std", policy_kwargs.get("state_dependent_std", False))
+            params["exploration"] = "state_dependent_std" if state_dependent else "gaussian"
+        params["log_std_init"] = float(policy_kwargs.get("log_std_init", 0.0))
+        if params["squash"]:
+            params["entropy_estimator"] = policy_kwargs.get("entropy_estimator") or "mc"
     _check_in_space(params, continuous)
     return params
 
@@ -327,66 +310,21 @@ def _check_in_space(params: dict[str, Any], continuous: bool) -> None:
             raise InvalidSettingError(f"{name}={value!r} is outside the search space's {distribution}")
 
 
-LSTM_HIDDEN_SIZES = [16, 32, 64, 128]
-N_LSTM_LAYERS = [1, 2]
-# How the critic reads the history: its own LSTM, the actor's (shared, not trained by the value
-# loss), or no LSTM (an MLP on the observation).
-CRITIC_MEMORIES = {
-    "own_lstm": dict(enable_critic_lstm=True, shared_lstm=False),
-    "shared_lstm": dict(enable_critic_lstm=False, shared_lstm=True),
-    "mlp": dict(enable_critic_lstm=False, shared_lstm=False),
-}
-
-
-def sample_recurrent_zoo_form(trial: optuna.trial.BaseTrial, continuous: bool = True) -> dict[str, Any]:
-    """
-    Sample one RecurrentPPOExt configuration in rl-zoo3's yml form: PPOExt's space
-    (:func:`sample_zoo_form`) plus the LSTM's knobs ``lstm_hidden_size``, ``n_lstm_layers`` and
-    ``critic_memory`` (own LSTM / the actor's shared LSTM / none) in ``policy_kwargs``.
-
-    :param trial: an Optuna trial (or ``optuna.trial.FixedTrial`` to replay a trial's params)
-    :param continuous: whether the action space is ``Box``
-    :return: RecurrentPPOExt settings in yml form
-    """
-    form = sample_zoo_form(trial, continuous)
-    form["policy_kwargs"] = {
-        **form["policy_kwargs"],
-        "lstm_hidden_size": trial.suggest_categorical("lstm_hidden_size", LSTM_HIDDEN_SIZES),
-        "n_lstm_layers": trial.suggest_categorical("n_lstm_layers", N_LSTM_LAYERS),
-        **CRITIC_MEMORIES[trial.suggest_categorical("critic_memory", list(CRITIC_MEMORIES))],
-    }
-    return form
-
-
-def sample_recurrent_zoo_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
-    """rl-zoo3's ``HYPERPARAMS_SAMPLER["ppo_lstm_ext"]`` (``n_actions`` is 0 unless the action space is Box)."""
-    return to_algorithm_kwargs(sample_recurrent_zoo_form(trial, continuous=n_actions > 0))
-
-
-def convert_recurrent_zoo_params(params: dict[str, Any]) -> dict[str, Any]:
-    """rl-zoo3's ``HYPERPARAMS_CONVERTER["ppo_lstm_ext"]``: the sampler replayed on the trial's params."""
-    return sample_recurrent_zoo_form(_fixed_trial(params), continuous="squash" in params)
-
-
-def sample_maskable_zoo_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
-    """
-    rl-zoo3's ``HYPERPARAMS_SAMPLER["ppo_mask_ext"]``: PPOExt's space for discrete actions (rollout,
-    optimizer, objective with the KL penalty between masked distributions, value clipping, network);
-    MaskablePPO's action spaces are discrete, so there is no action head to sample.
-    """
-    return to_algorithm_kwargs(sample_zoo_form(trial, continuous=False))
-
-
-def convert_maskable_zoo_params(params: dict[str, Any]) -> dict[str, Any]:
-    """rl-zoo3's ``HYPERPARAMS_CONVERTER["ppo_mask_ext"]``: the sampler replayed on the trial's params."""
-    return sample_zoo_form(_fixed_trial(params), continuous=False)
-
-
 def sample_zoo_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
-    """rl-zoo3's ``HYPERPARAMS_SAMPLER["ppo_ext"]`` (``n_actions`` is 0 unless the action space is Box)."""
+    """rl-zoo3's ``HYPERPARAMS_SAMPLER`` of ``ppo_ext`` and ``ppo_mask_ext`` (``n_actions``: 0 unless the actions are Box)."""
     return sample_ppo_ext_params(trial, continuous=n_actions > 0)
 
 
 def convert_zoo_params(params: dict[str, Any]) -> dict[str, Any]:
-    """rl-zoo3's ``HYPERPARAMS_CONVERTER["ppo_ext"]``: yml-form settings (rl-zoo3 builds the schedules)."""
+    """rl-zoo3's ``HYPERPARAMS_CONVERTER`` of ``ppo_ext`` and ``ppo_mask_ext``: yml-form settings."""
     return _replay(params)
+
+
+def sample_recurrent_zoo_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
+    """rl-zoo3's ``HYPERPARAMS_SAMPLER["ppo_lstm_ext"]``: the space with the LSTM's knobs."""
+    return to_algorithm_kwargs(sample_zoo_form(trial, continuous=n_actions > 0, recurrent=True))
+
+
+def convert_recurrent_zoo_params(params: dict[str, Any]) -> dict[str, Any]:
+    """rl-zoo3's ``HYPERPARAMS_CONVERTER["ppo_lstm_ext"]``: the sampler replayed on the trial's params."""
+    return _replay(params, recurrent=True)

@@ -1,10 +1,8 @@
 """Settings entries in rl-zoo3's yml form, checked whole before anything runs, and this package's algorithms for rl-zoo3.
 
-:func:`check_entry` judges one entry: unknown and reserved keys (with the closest valid name), yml types
-(``2.0`` is not an int, the string ``"false"`` not a boolean), each parameter and ``policy_kwargs`` key by
-its row of :mod:`sb3_ppo_ext.validation`, then the rules across parameters on the entry over the
-algorithm's defaults. yml files are read with ``yaml.safe_load``; a string ``policy_kwargs`` / ``normalize``
-(which rl-zoo3 ``eval``\\ s) is only parsed (``ast``). Importing this module imports neither rl_zoo3 nor optuna.
+:func:`check_entry` judges unknown and reserved keys (with the closest valid name), each parameter and
+``policy_kwargs`` key by its row of :mod:`sb3_ppo_ext.validation`, then the rules across parameters. yml files
+are read with ``yaml.safe_load``; a string ``policy_kwargs`` / ``normalize`` is only parsed (``ast``).
 """
 
 from __future__ import annotations
@@ -19,26 +17,11 @@ from typing import Any
 
 import yaml
 
-from sb3_ppo_ext import samplers
+from sb3_ppo_ext import samplers, validation
 from sb3_ppo_ext.maskable import MaskablePPOExt
 from sb3_ppo_ext.ppo_ext import PPOExt
 from sb3_ppo_ext.recurrent import RecurrentPPOExt
-from sb3_ppo_ext.validation import (
-    ALGORITHM_RULES,
-    POLICY_KWARG_RULES,
-    InvalidSettingError,
-    Rule,
-    check_int,
-    check_policy_kwargs_together,
-    check_together,
-    is_bool,
-    is_real,
-    linear_schedule_start,
-    policy_parameters,
-    to_algorithm_kwargs,
-    unknown_key,
-    unknown_policy_kwarg,
-)
+from sb3_ppo_ext.validation import ALGORITHM_RULES, InvalidSettingError, Rule
 
 HYPERPARAMS_DIR = Path(__file__).resolve().parent / "hyperparams"
 PPO_EXT_YML = HYPERPARAMS_DIR / "ppo_ext.yml"
@@ -52,43 +35,32 @@ class AlgorithmSpec:
     :param name: rl-zoo3's ``--algo`` name
     :param algorithm: the class
     :param hyperparams: default hyperparameter file (``--conf-file``); ``None``: rl-zoo3's own lookup
-    :param sampler: the function for ``HYPERPARAMS_SAMPLER`` (``-optimize``), or ``None``
-    :param converter: the function for ``HYPERPARAMS_CONVERTER`` (``--trial-id``), or ``None``
-    :param masked: whether the algorithm needs action masks (the env's ``action_masks()``; rl-zoo3's
-        evaluation and ``enjoy`` then pass them to ``predict``)
+    :param sampler: the function for ``HYPERPARAMS_SAMPLER`` (``-optimize``; default: the PPO family's), or ``None``
+    :param converter: the function for ``HYPERPARAMS_CONVERTER`` (``--trial-id``; default: the PPO family's), or ``None``
+    :param masked: whether the algorithm needs action masks (rl-zoo3's evaluation and ``enjoy`` then pass them)
     """
 
     name: str
     algorithm: type
     hyperparams: Path | None = None
-    sampler: Callable[..., dict[str, Any]] | None = None
-    converter: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    sampler: Callable[..., dict[str, Any]] | None = samplers.sample_zoo_params
+    converter: Callable[[dict[str, Any]], dict[str, Any]] | None = samplers.convert_zoo_params
     masked: bool = False
 
 
-# This package's algorithms, by rl-zoo3 name. Registering another one (same settings checks, same
-# rl-zoo3 seams) is one entry here.
+# This package's algorithms, by rl-zoo3 name: registering another one is one entry here.
 ALGORITHMS: dict[str, AlgorithmSpec] = {
     spec.name: spec
     for spec in (
-        AlgorithmSpec(
-            "ppo_ext", PPOExt, PPO_EXT_YML, sampler=samplers.sample_zoo_params, converter=samplers.convert_zoo_params
-        ),
+        AlgorithmSpec("ppo_ext", PPOExt, PPO_EXT_YML),
         AlgorithmSpec(
             "ppo_lstm_ext",
             RecurrentPPOExt,
             HYPERPARAMS_DIR / "ppo_lstm_ext.yml",
-            sampler=samplers.sample_recurrent_zoo_params,
-            converter=samplers.convert_recurrent_zoo_params,
+            samplers.sample_recurrent_zoo_params,
+            samplers.convert_recurrent_zoo_params,
         ),
-        AlgorithmSpec(
-            "ppo_mask_ext",
-            MaskablePPOExt,
-            HYPERPARAMS_DIR / "ppo_mask_ext.yml",
-            sampler=samplers.sample_maskable_zoo_params,
-            converter=samplers.convert_maskable_zoo_params,
-            masked=True,
-        ),
+        AlgorithmSpec("ppo_mask_ext", MaskablePPOExt, HYPERPARAMS_DIR / "ppo_mask_ext.yml", masked=True),
     )
 }
 DEFAULT_ALGO = "ppo_ext"
@@ -109,8 +81,8 @@ def _check(function: Callable[..., object], *args: object) -> str | None:
 
 
 def _judge(rule: Rule, name: str, value: object) -> str | None:
-    """The row's verdict on a yml value; a string ``lin_<x>`` is a schedule, a number in a string gets a hint."""
-    if rule.schedule and isinstance(value, str) and linear_schedule_start(value) is not None:
+    """The row's verdict on a yml value: ``lin_<x>`` is a schedule; a number in a string gets a hint."""
+    if rule.schedule and isinstance(value, str) and validation.linear_schedule_start(value) is not None:
         return None
     if rule.schedule and isinstance(value, str):
         problem = f"{name}={value!r} is invalid: expected a number or a linear schedule 'lin_<x>' with x > 0 (e.g. lin_3.0e-4)"
@@ -137,14 +109,8 @@ def _mapping_problem(name: str, value: object) -> str | None:
     return None if value is None or isinstance(value, Mapping) else _expected(name, value, "a mapping")
 
 
-class _NotLiteral:
-    """A value of a ``policy_kwargs`` / ``normalize`` string that is not a literal (rl-zoo3 evaluates it)."""
-
-    def __repr__(self) -> str:
-        return "<expression>"
-
-
-_NOT_LITERAL = _NotLiteral()
+# A value of a ``policy_kwargs`` / ``normalize`` string that rl-zoo3 evaluates (e.g. nn.ReLU): only its name is checked.
+_NOT_LITERAL = object()
 
 
 def _kwargs_expression(text: str, key: str) -> tuple[dict[str, object] | None, str | None]:
@@ -168,17 +134,8 @@ def _kwargs_expression(text: str, key: str) -> tuple[dict[str, object] | None, s
         try:
             parsed[name] = ast.literal_eval(node)
         except ValueError:
-            parsed[name] = _NOT_LITERAL  # e.g. nn.ReLU: only the name is checked
+            parsed[name] = _NOT_LITERAL
     return parsed, None
-
-
-def _policy_kwarg_problem(key: str, value: object) -> str | None:
-    rule = POLICY_KWARG_RULES.get(key)
-    if value is _NOT_LITERAL:
-        return None
-    if rule is not None:
-        return _judge(rule, f"policy_kwargs.{key}", value)
-    return _mapping_problem(f"policy_kwargs.{key}", value) if key.endswith("_kwargs") else None
 
 
 def _policy_kwargs_problems(algorithm: type, policy: object, policy_kwargs: object) -> list[str]:
@@ -194,17 +151,19 @@ def _policy_kwargs_problems(algorithm: type, policy: object, policy_kwargs: obje
     policy_class = getattr(algorithm, "policy_aliases", {}).get(policy) if isinstance(policy, str) else policy
     if not isinstance(policy_class, type):
         return []  # a dotted class path that rl-zoo3 imports later: names unknown here
-    parameters = policy_parameters(policy_class)
-    problems = []
-    for key, value in policy_kwargs.items():
-        if key not in parameters:
-            problems.append(unknown_policy_kwarg(key, policy_class, parameters))
-        elif problem := _policy_kwarg_problem(key, value):
-            problems.append(problem)
+    parameters = validation.policy_parameters(policy_class)
     literal = {key: value for key, value in policy_kwargs.items() if value is not _NOT_LITERAL}
-    if not problems and (problem := _check(check_policy_kwargs_together, literal)):
-        problems.append(problem)
-    return problems
+    problems = [
+        validation.unknown_policy_kwarg(key, policy_class, parameters) for key in policy_kwargs if key not in parameters
+    ]
+    for key, value in literal.items():
+        if key in parameters and key in validation.POLICY_KWARG_RULES:
+            problems.append(_judge(validation.POLICY_KWARG_RULES[key], f"policy_kwargs.{key}", value))
+        elif key in parameters and key.endswith("_kwargs"):
+            problems.append(_mapping_problem(f"policy_kwargs.{key}", value))
+    problems = [problem for problem in problems if problem]
+    together = None if problems else _check(validation.check_policy_kwargs_together, literal)
+    return [together] if together else problems
 
 
 # --- rl-zoo3's own keys ----------------------------------------------------------------------------
@@ -213,7 +172,7 @@ def _policy_kwargs_problems(algorithm: type, policy: object, policy_kwargs: obje
 def _normalize_problem(key: str, value: object) -> str | None:
     from stable_baselines3.common.vec_env import VecNormalize
 
-    if is_bool(value) or value is None:
+    if validation.is_bool(value) or value is None:
         return None
     if isinstance(value, str):
         parsed, problem = _kwargs_expression(value, key)
@@ -223,11 +182,11 @@ def _normalize_problem(key: str, value: object) -> str | None:
     if not isinstance(value, Mapping):
         return _expected(key, value, "true, false or a mapping of VecNormalize arguments")
     allowed = sorted(set(inspect.signature(VecNormalize.__init__).parameters) - {"self", "venv"})
-    return "; ".join(unknown_key(name, allowed, " in normalize") for name in value if name not in allowed) or None
+    return "; ".join(validation.unknown_key(name, allowed, " in normalize") for name in value if name not in allowed) or None
 
 
 def _n_timesteps_problem(key: str, value: object) -> str | None:
-    if is_real(value) and math.isfinite(value) and float(value).is_integer() and value >= 0:  # type: ignore[arg-type, operator]
+    if validation.is_real(value) and math.isfinite(value) and float(value).is_integer() and value >= 0:  # type: ignore[arg-type, operator]
         return None
     return _expected(key, value, "a whole number of steps >= 0")
 
@@ -243,13 +202,14 @@ def _typed(*types: type, expected: str) -> Callable[[str, object], str | None]:
 
 # rl-zoo3's own keys of an entry (and env_backend, which this package's ExperimentManager reads), each with its check.
 ZOO_KEY_CHECKS: dict[str, Callable[[str, object], str | None]] = {
+    "policy": _typed(str, type, expected="a policy name such as MlpPolicy"),
     "env_backend": lambda key, value: None if value in ENV_BACKENDS else _expected(key, value, f"one of {ENV_BACKENDS}"),
-    "n_envs": lambda key, value: _check(check_int, key, value),
+    "n_envs": lambda key, value: _check(validation.check_int, key, value),
     "n_timesteps": _n_timesteps_problem,
     "normalize": _normalize_problem,
     "monitor_kwargs": _typed(Mapping, str, expected="a mapping"),
     "env_kwargs": _typed(Mapping, expected="a mapping"),
-    "frame_stack": lambda key, value: _check(check_int, key, value),
+    "frame_stack": lambda key, value: _check(validation.check_int, key, value),
     "env_wrapper": _typed(str, list, dict, expected="str or list"),
     "vec_env_wrapper": _typed(str, list, dict, expected="str or list"),
     "callback": _typed(str, list, dict, expected="str or list"),
@@ -291,13 +251,9 @@ def entry_problems(entry: object, algo: str = DEFAULT_ALGO, whole: bool = True) 
         if key in RESERVED_KEYS:
             problems.append(f"'{key}' is set by rl-zoo3 itself (use its command-line option instead)")
         elif not isinstance(key, str) or key not in allowed:
-            problems.append(unknown_key(key, allowed))
+            problems.append(validation.unknown_key(key, allowed))
         elif key in ZOO_KEY_CHECKS:
             problems.append(ZOO_KEY_CHECKS[key](key, value))
-        elif key == "policy":
-            problems.append(
-                None if isinstance(value, (str, type)) else _expected(key, value, "a policy name such as MlpPolicy")
-            )
         elif key == "policy_kwargs":
             problems += _policy_kwargs_problems(algorithm, entry.get("policy", "MlpPolicy"), value)
         elif key in ALGORITHM_RULES:
@@ -309,23 +265,17 @@ def entry_problems(entry: object, algo: str = DEFAULT_ALGO, whole: bool = True) 
 
 
 def whole_entry_problems(entry: Mapping[str, object], algo: str = DEFAULT_ALGO) -> list[str]:
-    """
-    The rules across the algorithm's arguments (:func:`~sb3_ppo_ext.validation.check_together`) on an entry
-    whose keys were judged already (e.g. a file's entry merged with ``-params``), over the algorithm's defaults.
-    """
+    """The rules across arguments on an entry whose keys were judged already (a file's entry and ``-params``)."""
     parameters = algorithm_parameters(algorithm_spec(algo).algorithm)
-    merged = {**parameters, **to_algorithm_kwargs({k: v for k, v in entry.items() if k in parameters})}
+    merged = {**parameters, **validation.to_algorithm_kwargs({k: v for k, v in entry.items() if k in parameters})}
     # n_envs is absent once rl-zoo3 has consumed it: the algorithm checks n_steps * n_envs then.
     n_envs = entry.get("n_envs")
-    problem = _check(check_together, {name: merged[name] for name in ALGORITHM_RULES if name in merged}, n_envs)
+    problem = _check(validation.check_together, {name: merged[name] for name in ALGORITHM_RULES if name in merged}, n_envs)
     return [problem] if problem else []
 
 
 def check_entry(entry: Any, source: str, algo: str = DEFAULT_ALGO, whole: bool = True) -> dict[str, Any]:
-    """
-    A fresh dict of one settings entry, or an :class:`InvalidSettingError` naming ``source`` (the file and
-    entry, or ``-params``) and every problem of :func:`entry_problems` (``algo``, ``whole``).
-    """
+    """A fresh dict of one settings entry; an :class:`InvalidSettingError` naming ``source`` and each problem otherwise."""
     problems = entry_problems(entry, algo, whole)
     if problems:
         raise InvalidSettingError(f"{source}: {'; '.join(problems)}")

@@ -24,10 +24,7 @@ from torch import nn
 
 
 class InvalidSettingError(ValueError, AssertionError):
-    """
-    An invalid setting: a ``ValueError`` whose message names the parameter, the value and what is allowed;
-    also an ``AssertionError``, as Stable-Baselines3's PPO asserts some of the same settings.
-    """
+    """An invalid setting (the message names it, its value and what is allowed); an ``AssertionError`` too, like PPO's."""
 
 
 def is_real(value: object) -> bool:
@@ -47,23 +44,19 @@ def is_bool(value: object) -> bool:
 
 def _bounds_text(low: float | None, high: float | None, strict: bool) -> str:
     lower = "" if low is None else f" {'>' if strict else '>='} {low}"
-    upper = "" if high is None else f"{' and' if lower else ''} <= {high}"
-    return lower + upper
+    return lower + ("" if high is None else f"{' and' if lower else ''} <= {high}")
+
+
+def _above(value: Any, low: float | None, strict: bool) -> bool:
+    return low is None or (value > low if strict else value >= low)
 
 
 def check_real(
     name: str, value: Any, low: float | None = None, high: float | None = None, strict: bool = True, finite: bool = True
 ) -> float:
-    """
-    ``float(value)``, or an :class:`InvalidSettingError` unless ``value`` is a real number above ``low`` (or
-    equal, unless ``strict``) and at most ``high``; infinity only unless ``finite``, NaN never.
-    """
+    """``float(value)`` for a real number above ``low`` (or equal unless ``strict``), ``<= high``, finite if ``finite``."""
     ok = is_real(value) and not math.isnan(value) and (math.isfinite(value) or not finite)
-    if ok and low is not None:
-        ok = value > low if strict else value >= low
-    if ok and high is not None:
-        ok = value <= high
-    if not ok:
+    if not (ok and _above(value, low, strict) and (high is None or value <= high)):
         kind = "a finite number" if finite else "a number"
         raise InvalidSettingError(f"{name}={value!r} is invalid: expected {kind}{_bounds_text(low, high, strict)}")
     return float(value)
@@ -76,11 +69,10 @@ def optional_real(name: str, value: Any, **bounds: Any) -> float | None:
 
 def check_int(name: str, value: Any, low: int | None = 1) -> int:
     """``int(value)``, or an :class:`InvalidSettingError` unless ``value`` is an integer ``>= low`` (``2.0`` is not)."""
-    if not is_int(value) or (low is not None and value < low):
-        bound = "" if low is None else f" >= {low}"
+    if not is_int(value) or not _above(value, low, False):
         whole_float = is_real(value) and not is_int(value) and float(value).is_integer()
         hint = " (a float: write it without a decimal point)" if whole_float else ""
-        raise InvalidSettingError(f"{name}={value!r} is invalid: expected an int{bound}{hint}")
+        raise InvalidSettingError(f"{name}={value!r} is invalid: expected an int{_bounds_text(low, None, False)}{hint}")
     return int(value)
 
 
@@ -124,23 +116,15 @@ def check_real_pair(name: str, value: Any, finite: bool = True) -> tuple[float, 
 def check_number_or_schedule(
     name: str, value: Any, allow_none: bool = False, check_schedule: bool = True, low: float = 0.0, strict: bool = True
 ) -> None:
-    """
-    An :class:`InvalidSettingError` unless ``value`` is a finite number above ``low`` (``>= low`` unless
-    ``strict``), a schedule whose value at progress 1 is (evaluated when ``check_schedule``), or an allowed ``None``.
-    """
+    """That ``value`` is a finite number above ``low``, a schedule whose value at progress 1 is, or an allowed ``None``."""
     bound = _bounds_text(low, None, strict)
-    if value is None:
-        if not allow_none:
-            raise InvalidSettingError(f"{name}=None is not allowed: expected a number{bound} or a schedule")
-        return
-    if callable(value):
-        if not check_schedule:
-            return
+    if value is None and not allow_none:
+        raise InvalidSettingError(f"{name}=None is not allowed: expected a number{bound} or a schedule")
+    if callable(value) and check_schedule:
         start = value(1.0)
-        if not (is_real(start) and math.isfinite(start) and (start > low if strict else start >= low)):
+        if not (is_real(start) and math.isfinite(start) and _above(start, low, strict)):
             raise InvalidSettingError(f"{name} is a schedule whose initial value {start!r} is not a finite number{bound}")
-        return
-    if not (is_real(value) and math.isfinite(value) and (value > low if strict else value >= low)):
+    elif not (value is None or callable(value) or (is_real(value) and math.isfinite(value) and _above(value, low, strict))):
         allowed = f"a finite number{bound}, a schedule" + (" or None" if allow_none else "")
         raise InvalidSettingError(f"{name}={value!r} is invalid: expected {allowed}")
 
@@ -164,15 +148,13 @@ class Rule:
     """
     What one parameter may be.
 
-    :param kind: ``"real"``, ``"int"``, ``"bool"``, ``"choice"`` (one of ``choices``), ``"pair"``
-        (``(min, max)`` numbers) or ``"check"`` (judged by ``check``)
+    :param kind: ``"real"``, ``"int"``, ``"bool"``, ``"choice"`` (of ``choices``), ``"pair"`` (``(min, max)``) or ``"check"``
     :param low: lower bound (``None``: none); for a pair, the bound ``min`` must exceed
     :param high: upper bound, inclusive (``None``: none)
     :param strict: whether ``low`` is exclusive (ints: always ``>= low``)
     :param finite: whether infinity is rejected (NaN always is)
     :param nullable: whether ``None`` is allowed (the feature off)
-    :param schedule: whether a schedule is allowed (a callable of the progress remaining, judged at
-        progress 1; in a yml entry, rl-zoo3's ``lin_<x>``)
+    :param schedule: whether a schedule is allowed (a callable judged at progress 1; in yml, ``lin_<x>``)
     :param choices: the allowed values of a ``"choice"``
     :param check: ``check(name, value)`` raising :class:`InvalidSettingError`, for a ``"check"``
     :param scheduled: ``(low, strict, high)`` for a value set by ``ParameterScheduler``, when stricter
@@ -192,13 +174,7 @@ class Rule:
     at_construction: bool = True
 
     def judge(self, name: str, value: Any, check_schedule: bool = True) -> None:
-        """
-        An :class:`InvalidSettingError` naming ``name``, the value and what is allowed, unless ``value`` meets the rule.
-
-        :param name: the name for the message (``policy_kwargs.<key>`` for a policy keyword)
-        :param value: the value (schedules are callables)
-        :param check_schedule: whether to evaluate a schedule at progress 1
-        """
+        """An :class:`InvalidSettingError` naming ``name``, ``value`` and what is allowed unless ``value`` meets the rule."""
         if self.schedule:
             low = 0.0 if self.low is None else self.low
             check_number_or_schedule(name, value, self.nullable, check_schedule, low, self.strict)
@@ -255,34 +231,18 @@ ALGORITHM_RULES: dict[str, Rule] = {
     "kl_adapt_tolerance": Rule("real", low=1.0),
     "kl_coef_bounds": Rule("pair", low=0.0),
 }
-
-# The algorithms' other arguments, and who judges each instead of a row.
-UNRULED_ARGUMENTS: dict[str, str] = {
-    "policy": "the algorithm (an alias of policy_aliases or a policy class)",
-    "env": "SB3 (an env, a VecEnv or a registered id)",
-    "rollout_buffer_class": "SB3 (a class; the engine swaps upstream's for the one that carries pi_old)",
-    "rollout_buffer_kwargs": "the buffer class",
-    "tensorboard_log": "SB3's logger",
-    "policy_kwargs": "POLICY_KWARG_RULES, at the policy's construction",
-    "verbose": "SB3",
-    "seed": "SB3",
-    "device": "torch",
-    "_init_setup_model": "SB3",
-}
-
+# The algorithms' other arguments: judged by SB3 (classes, the env, logging, seeds), torch (device), the
+# buffer class (its kwargs), the algorithm (the policy alias) and POLICY_KWARG_RULES (policy_kwargs).
+UNRULED_ARGUMENTS = frozenset(
+    "policy env rollout_buffer_class rollout_buffer_kwargs tensorboard_log policy_kwargs verbose seed device "
+    "_init_setup_model".split()
+)
 # Arguments that take rl-zoo3's ``lin_<x>`` schedule strings.
 SCHEDULE_KEYS = tuple(name for name, rule in ALGORITHM_RULES.items() if rule.schedule)
 
 
 def check_arguments(arguments: Mapping[str, Any], check_schedules: bool = True, n_envs: int | None = None) -> None:
-    """
-    Each argument by its row of :data:`ALGORITHM_RULES`, then :func:`check_together`.
-
-    :param arguments: argument name -> value (any subset of the rows)
-    :param check_schedules: whether to evaluate schedules at progress 1
-    :param n_envs: the number of environments, when known
-    :raises TypeError: for a name without a row
-    """
+    """The algorithms' check: each argument by its row (another name: ``TypeError``), then :func:`check_together`."""
     unknown = set(arguments) - set(ALGORITHM_RULES)
     if unknown:
         raise TypeError(f"check_arguments() got unexpected arguments {sorted(unknown)}")
@@ -293,50 +253,41 @@ def check_arguments(arguments: Mapping[str, Any], check_schedules: bool = True, 
 
 def check_together(arguments: Mapping[str, Any], n_envs: int | None = None) -> None:
     """
-    The rules that tie arguments together, each applied when its arguments are given: a one-sample
-    minibatch or rollout cannot be normalised (``n_steps * n_envs > 1`` when ``n_envs`` is known);
-    ``vf_clip_mode='max'`` needs ``clip_range_vf``; an adaptive beta needs ``kl_coef > 0`` within ``kl_coef_bounds``.
+    The rules across arguments, each applied when its arguments are given: a one-sample minibatch or rollout
+    cannot be normalised (``n_steps * n_envs`` when ``n_envs`` is known); ``vf_clip_mode='max'`` needs
+    ``clip_range_vf``; an adaptive beta (``kl_target``) needs ``kl_coef > 0`` within ``kl_coef_bounds``.
     """
-    normalize = arguments.get("normalize_advantage", True)
-    if normalize and arguments.get("batch_size", 2) <= 1:
+    get = arguments.get
+    normalize, n_steps, kl_target, kl_coef = get("normalize_advantage", True), get("n_steps"), get("kl_target"), get("kl_coef")
+    if normalize and get("batch_size", 2) <= 1:
         raise InvalidSettingError(
             f"batch_size={arguments['batch_size']!r} is invalid with normalize_advantage=True: expected an int > 1 "
             "(see https://github.com/DLR-RM/stable-baselines3/issues/440)"
         )
-    n_steps = arguments.get("n_steps")
     if n_envs is not None and n_steps is not None and normalize and n_steps * n_envs <= 1:
         raise InvalidSettingError(f"n_steps * n_envs = {n_steps * n_envs} is invalid with normalize_advantage: expected > 1")
-    if arguments.get("vf_clip_mode") == "max" and "clip_range_vf" in arguments and arguments["clip_range_vf"] is None:
+    if get("vf_clip_mode") == "max" and "clip_range_vf" in arguments and arguments["clip_range_vf"] is None:
         raise InvalidSettingError("vf_clip_mode='max' needs clip_range_vf (a positive float or schedule); it is None")
-    kl_target, kl_coef = arguments.get("kl_target"), arguments.get("kl_coef")
-    if kl_target is None or kl_coef is None:
-        return
-    if kl_coef == 0:
+    if kl_target is not None and kl_coef == 0:
         raise InvalidSettingError(
             f"kl_target={kl_target!r} needs kl_coef > 0 (the initial beta); with kl_coef=0 the penalty is off"
         )
-    bounds = arguments.get("kl_coef_bounds")
-    if bounds is not None and not float(bounds[0]) <= kl_coef <= float(bounds[1]):
+    bounds = get("kl_coef_bounds")
+    if kl_target is not None and kl_coef is not None and bounds is not None and not bounds[0] <= kl_coef <= bounds[1]:
         raise InvalidSettingError(f"kl_coef={kl_coef!r} must lie within kl_coef_bounds={bounds!r} when kl_target is set")
 
 
 def is_integer_parameter(name: str) -> bool:
     """Whether the algorithm argument ``name`` holds an int (a scheduled value is rounded)."""
-    rule = ALGORITHM_RULES.get(name)
-    return rule is not None and rule.kind == "int"
+    return name in ALGORITHM_RULES and ALGORITHM_RULES[name].kind == "int"
 
 
 def scheduled_value_problem(name: str, value: float) -> str | None:
-    """
-    What ``ParameterScheduler`` may not set ``name`` to (``"expected ..."``), or ``None``: a finite number
-    within the row's scheduled range (without a row: any finite number); an int row's value rounded.
-    """
-    rule = ALGORITHM_RULES.get(name)
-    low, strict, high = rule.scheduled_bounds() if rule is not None else (None, True, None)
+    """Why ``ParameterScheduler`` may not set ``name`` to ``value`` (``"expected ..."``; an int rounded), or ``None``."""
+    low, strict, high = ALGORITHM_RULES[name].scheduled_bounds() if name in ALGORITHM_RULES else (None, True, None)
     integer = is_integer_parameter(name)
-    applied = round(value) if integer and math.isfinite(value) else value
     try:
-        check_real(name, applied, low, high, strict)
+        check_real(name, round(value) if integer and math.isfinite(value) else value, low, high, strict)
     except InvalidSettingError as error:
         return str(error).split(" is invalid: ", 1)[-1] + (" (after rounding: it is an int)" if integer else "")
     return None
@@ -344,24 +295,15 @@ def scheduled_value_problem(name: str, value: float) -> str | None:
 
 # --- the policies' keyword arguments ----------------------------------------------------------------
 
-ACTIVATIONS: dict[str, type[nn.Module]] = {
-    "tanh": nn.Tanh,
-    "relu": nn.ReLU,
-    "elu": nn.ELU,
-    "leaky_relu": nn.LeakyReLU,
-    "gelu": nn.GELU,
-    "silu": nn.SiLU,
-}
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "leaky_relu": nn.LeakyReLU, "gelu": nn.GELU, "silu": nn.SiLU}
 
 
 def activation_class(name: str) -> type[nn.Module]:
     """The torch class of an activation name of the yml form (``tanh``, ``nn.ReLU``, ...)."""
     key = re.sub(r"^(torch\.)?nn\.", "", name.strip())
     by_class_name = {cls.__name__: cls for cls in ACTIVATIONS.values()}
-    if key.lower() in ACTIVATIONS:
-        return ACTIVATIONS[key.lower()]
-    if key in by_class_name:
-        return by_class_name[key]
+    if key.lower() in ACTIVATIONS or key in by_class_name:
+        return ACTIVATIONS.get(key.lower()) or by_class_name[key]
     raise InvalidSettingError(f"activation_fn={name!r} is not one of {sorted(ACTIVATIONS)} (or their nn.* class names)")
 
 
@@ -376,41 +318,33 @@ def _check_net_arch(name: str, value: object) -> None:
     def layers_ok(layers: object) -> bool:
         return isinstance(layers, (list, tuple)) and all(is_int(n) and n >= 1 for n in layers)
 
-    if value is None or layers_ok(value):
-        return
-    if isinstance(value, Mapping) and set(value) <= {"pi", "vf", "qf"} and all(layers_ok(v) for v in value.values()):
-        return
-    raise InvalidSettingError(f"'{name}: {value!r}' is invalid: expected a list of layer sizes or dict(pi=[...], vf=[...])")
+    mapping_ok = isinstance(value, Mapping) and set(value) <= {"pi", "vf", "qf"} and all(map(layers_ok, value.values()))
+    if not (value is None or layers_ok(value) or mapping_ok):
+        raise InvalidSettingError(
+            f"'{name}: {value!r}' is invalid: expected a list of layer sizes or dict(pi=[...], vf=[...])"
+        )
 
 
 def check_network_learning_rates(name: str, value: object) -> None:
-    """
-    An :class:`InvalidSettingError` unless ``value`` is ``None`` or ``{"pi": rate, "vf": rate}``, each rate
-    a positive finite number, ``"lin_<x>"`` with ``x > 0`` or a callable positive at progress 1.
-    """
-    if value is None:
-        return
-    if not isinstance(value, Mapping) or set(value) != {"pi", "vf"}:
+    """That ``value`` is ``None`` or ``{"pi": rate, "vf": rate}``, each rate a number, ``"lin_<x>"`` or a schedule, > 0."""
+    if value is not None and (not isinstance(value, Mapping) or set(value) != {"pi", "vf"}):
         raise InvalidSettingError(
             f"{name}={value!r} is invalid: expected a mapping with exactly the keys 'pi' (the actor) and 'vf' (the critic), "
             "e.g. {'pi': 3e-4, 'vf': 1e-3}"
         )
-    for network in ("pi", "vf"):
-        rate = value[network]
-        if isinstance(rate, str) and linear_schedule_start(rate) is None:
+    for network, rate in (value or {}).items():
+        if not isinstance(rate, str):
+            check_number_or_schedule(f"{name}.{network}", rate)
+        elif linear_schedule_start(rate) is None:
             raise InvalidSettingError(
                 f"{name}.{network}={rate!r} is invalid: expected a number > 0, a schedule or 'lin_<x>' with x > 0"
             )
-        if not isinstance(rate, str):
-            check_number_or_schedule(f"{name}.{network}", rate)
 
 
 def _check_lstm_kwargs(name: str, value: object) -> None:
-    if value is None:
-        return
-    if not isinstance(value, Mapping):
+    if value is not None and not isinstance(value, Mapping):
         raise InvalidSettingError(f"{name}={value!r} is invalid: expected a mapping of torch.nn.LSTM arguments")
-    if "dropout" in value:
+    if value is not None and "dropout" in value:
         check_real(f"{name}.dropout", value["dropout"], low=0.0, high=1.0, strict=False)
 
 
@@ -440,24 +374,14 @@ POLICY_KWARG_RULES: dict[str, Rule] = {
     "shared_lstm": Rule("bool"),
     "enable_critic_lstm": Rule("bool"),
 }
-
-# The policies' other keyword arguments, and who judges each instead of a row.
-UNRULED_POLICY_KWARGS: dict[str, str] = {
-    "features_extractor_class": "SB3 (a class, the user's choice)",
-    "features_extractor_kwargs": "the features extractor class (the settings check: a mapping)",
-    "optimizer_class": "SB3 (a torch optimizer class)",
-    "optimizer_kwargs": "the optimizer class (the settings check: a mapping)",
-}
+# The policies' other keyword arguments: classes judged by SB3, their kwargs by the classes (yml: a mapping).
+UNRULED_POLICY_KWARGS = frozenset(
+    {"features_extractor_class", "features_extractor_kwargs", "optimizer_class", "optimizer_kwargs"}
+)
 
 
 def check_policy_kwargs(policy_kwargs: Mapping[str, Any], action_space: spaces.Space | None = None) -> None:
-    """
-    The policies' constructors' check: each key by its row (``use_sde``, which the algorithm passes, by
-    its row of :data:`ALGORITHM_RULES`), then :func:`check_policy_kwargs_together`.
-
-    :param policy_kwargs: the constructor's keyword arguments
-    :param action_space: the policy's action space
-    """
+    """The policies' check: each keyword argument by its row (``use_sde`` by the algorithm's), then the rules across them."""
     for key, value in policy_kwargs.items():
         rule = POLICY_KWARG_RULES.get(key)
         if rule is not None and rule.at_construction:
@@ -469,36 +393,34 @@ def check_policy_kwargs(policy_kwargs: Mapping[str, Any], action_space: spaces.S
 
 def check_policy_kwargs_together(policy_kwargs: Mapping[str, Any], action_space: spaces.Space | None = None) -> None:
     """
-    The rules that tie policy keyword arguments together (each value already judged by its row) and, with
-    ``action_space``, those on the space: the Beta head excludes the Gaussian head's settings; a shared LSTM
-    needs ``enable_critic_lstm=False`` and the shared features extractor; ``state_dependent_std`` excludes gSDE,
-    and takes ``log_std_bounds`` with ``log_std_init`` strictly inside; ``entropy_estimator`` needs the squashed
-    head; the heads for ``Box`` need a ``Box`` space, squashed and Beta ones finite bounds.
+    The rules across policy keyword arguments (each judged by its row) and, given ``action_space``, on it:
+    the Beta head excludes the Gaussian head's settings; a shared LSTM needs ``enable_critic_lstm=False`` and
+    the shared features extractor; ``state_dependent_std`` excludes gSDE and takes ``log_std_bounds`` with
+    ``log_std_init`` inside; ``entropy_estimator`` needs the squashed head (``squash_output=None``: squashed for
+    ``Box``); the ``Box`` heads need a ``Box`` space, the squashed and Beta heads finite bounds.
     """
     get = policy_kwargs.get
-    dist, squash, state_dependent, use_sde = (
-        get("action_dist"),
+    squash, state_dependent, bounds, log_std_init = (
         get("squash_output"),
         get("state_dependent_std"),
-        get("use_sde"),
+        get("log_std_bounds"),
+        get("log_std_init", 0.0),
     )
-    log_std_bounds, log_std_init, entropy_estimator = get("log_std_bounds"), get("log_std_init", 0.0), get("entropy_estimator")
-    if dist == "beta":
-        excluded = {
-            "squash_output": squash is False,
-            "state_dependent_std": state_dependent is True,
-            "log_std_bounds": log_std_bounds is not None,
-            "entropy_estimator": entropy_estimator is not None,
-            "log_std_init": is_real(log_std_init) and float(log_std_init) != 0.0,
-            "use_sde": use_sde is True,
-        }
-        for key, conflicting in excluded.items():
-            if conflicting:
-                raise InvalidSettingError(
-                    f"{'' if key == 'use_sde' else 'policy_kwargs.'}{key}={get(key)!r} is invalid with policy_kwargs."
-                    "action_dist='beta': the Beta head is bounded by construction, has a state-dependent spread of its "
-                    f"own and a closed-form entropy; {key} applies to the Gaussian head (action_dist='gaussian')"
-                )
+    beta_excludes = {
+        "squash_output": squash is False,
+        "state_dependent_std": state_dependent is True,
+        "log_std_bounds": bounds is not None,
+        "entropy_estimator": get("entropy_estimator") is not None,
+        "log_std_init": is_real(log_std_init) and float(log_std_init) != 0.0,
+        "use_sde": get("use_sde") is True,
+    }
+    conflict = next((key for key, excluded in beta_excludes.items() if excluded), None)
+    if get("action_dist") == "beta" and conflict is not None:
+        raise InvalidSettingError(
+            f"{'' if conflict == 'use_sde' else 'policy_kwargs.'}{conflict}={get(conflict)!r} is invalid with "
+            "policy_kwargs.action_dist='beta': the Beta head is bounded by construction, has a state-dependent spread of "
+            f"its own and a closed-form entropy; {conflict} applies to the Gaussian head (action_dist='gaussian')"
+        )
     if get("shared_lstm") is True and get("enable_critic_lstm", True) is True:
         raise InvalidSettingError(
             "policy_kwargs.shared_lstm=True is invalid with policy_kwargs.enable_critic_lstm=True (its default): "
@@ -509,58 +431,46 @@ def check_policy_kwargs_together(policy_kwargs: Mapping[str, Any], action_space:
             "policy_kwargs.shared_lstm=True is invalid with policy_kwargs.share_features_extractor=False: "
             "a shared LSTM needs the shared features extractor"
         )
-    if state_dependent and use_sde:
+    if state_dependent and get("use_sde"):
         raise InvalidSettingError("state_dependent_std=True cannot be combined with use_sde=True (gSDE has its own std)")
-    if log_std_bounds is not None and not state_dependent:
+    if bounds is not None and not state_dependent:
         raise InvalidSettingError(
-            f"log_std_bounds={log_std_bounds!r} only applies with state_dependent_std=True; "
-            "the state-independent log-std is a free parameter"
+            f"log_std_bounds={bounds!r} only applies with state_dependent_std=True (the state-independent log-std is free)"
         )
-    low, high = DEFAULT_LOG_STD_BOUNDS if log_std_bounds is None else (float(log_std_bounds[0]), float(log_std_bounds[1]))
+    low, high = DEFAULT_LOG_STD_BOUNDS if bounds is None else (float(bounds[0]), float(bounds[1]))
     if state_dependent and is_real(log_std_init) and not low < log_std_init < high:
         raise InvalidSettingError(
-            f"log_std_init={float(log_std_init)} must lie strictly inside log_std_bounds={(low, high)} "
-            "with state_dependent_std=True"
+            f"log_std_init={float(log_std_init)} must lie strictly inside log_std_bounds={(low, high)} of state_dependent_std"
         )
     if action_space is not None:
-        _check_action_space(policy_kwargs, action_space)
-    elif entropy_estimator is not None and squash is False:
-        _raise_unsquashed_entropy(entropy_estimator)
+        squash = _check_action_space(get("action_dist") == "beta", squash, state_dependent, action_space)
+    if get("entropy_estimator") is not None and squash is not None and not squash:
+        raise InvalidSettingError(
+            f"entropy_estimator={get('entropy_estimator')!r} only applies to the squashed head "
+            "(the unsquashed Gaussian's entropy is exact in closed form)"
+        )
 
 
-def _raise_unsquashed_entropy(entropy_estimator: object) -> None:
-    raise InvalidSettingError(
-        f"entropy_estimator={entropy_estimator!r} only applies to the squashed head "
-        "(the unsquashed Gaussian's entropy is exact in closed form)"
-    )
-
-
-def _check_action_space(policy_kwargs: Mapping[str, Any], action_space: spaces.Space) -> None:
-    """The rules of :func:`check_policy_kwargs_together` on the action space (``squash_output=None``: squashed for ``Box``)."""
-    get = policy_kwargs.get
-    is_box, beta = isinstance(action_space, spaces.Box), get("action_dist") == "beta"
+def _check_action_space(beta: bool, squash: object, state_dependent: object, action_space: spaces.Space) -> bool:
+    """The rules of :func:`check_policy_kwargs_together` on the action space; returns whether the head squashes."""
+    is_box = isinstance(action_space, spaces.Box)
+    squash = is_box if squash is None else bool(squash)
     if beta and not is_box:
         raise InvalidSettingError(f"policy_kwargs.action_dist='beta' needs a Box action space, got {action_space}")
-    squash = is_box if get("squash_output") is None else get("squash_output")
-    if squash and is_box:
-        assert isinstance(action_space, spaces.Box)
-        if not (
-            np.isfinite(action_space.low.astype(np.float64)).all() and np.isfinite(action_space.high.astype(np.float64)).all()
-        ):
-            setting = "action_dist='beta'" if beta else "squash_output=True"
-            raise InvalidSettingError(
-                f"{setting} needs finite action bounds, got low={action_space.low} high={action_space.high}; for unbounded "
-                "actions use policy_kwargs=dict(action_dist='gaussian', squash_output=False) (Gaussian plus clipping)"
-            )
     if squash and not is_box:
         raise InvalidSettingError(
             f"squash_output=True needs a Box action space, got {action_space}; "
             "use squash_output=None (auto) or False for discrete action spaces"
         )
-    if get("state_dependent_std") and not is_box:
+    if state_dependent and not is_box:
         raise InvalidSettingError(f"state_dependent_std=True needs a Box action space, got {action_space}")
-    if get("entropy_estimator") is not None and not squash:
-        _raise_unsquashed_entropy(get("entropy_estimator"))
+    if squash and isinstance(action_space, spaces.Box) and not np.isfinite([action_space.low, action_space.high]).all():
+        setting = "action_dist='beta'" if beta else "squash_output=True"
+        raise InvalidSettingError(
+            f"{setting} needs finite action bounds, got low={action_space.low} high={action_space.high}; for unbounded "
+            "actions use policy_kwargs=dict(action_dist='gaussian', squash_output=False) (Gaussian plus clipping)"
+        )
+    return squash
 
 
 # Arguments the algorithm passes to the policy itself: not valid in policy_kwargs.
@@ -568,20 +478,14 @@ POLICY_ARGUMENTS_SET_BY_ALGORITHM = frozenset({"self", "observation_space", "act
 
 
 def policy_parameters(policy_class: type) -> dict[str, object]:
-    """
-    The ``policy_kwargs`` a policy class takes, with their defaults (``inspect.Parameter.empty``: none): the
-    keyword parameters of its ``__init__`` and, while an ``__init__`` passes ``**kwargs`` on, its base classes'.
-    """
+    """The ``policy_kwargs`` of a policy class's ``__init__`` chain (while it passes ``**kwargs`` on), with their defaults."""
     parameters: dict[str, object] = {}
-    for klass in policy_class.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None:
-            continue
-        signature = inspect.signature(init)
-        for parameter in signature.parameters.values():
+    for init in (klass.__dict__["__init__"] for klass in policy_class.__mro__ if "__init__" in klass.__dict__):
+        signature = inspect.signature(init).parameters.values()
+        for parameter in signature:
             if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
                 parameters.setdefault(parameter.name, parameter.default)
-        if not any(p.kind == p.VAR_KEYWORD for p in signature.parameters.values()):
+        if not any(p.kind == p.VAR_KEYWORD for p in signature):
             break
     return {name: default for name, default in parameters.items() if name not in POLICY_ARGUMENTS_SET_BY_ALGORITHM}
 
@@ -599,10 +503,7 @@ def unknown_policy_kwarg(key: object, policy_class: type, parameters: Mapping[st
 
 
 def to_algorithm_kwargs(entry: Mapping[str, Any]) -> dict[str, Any]:
-    """
-    Settings in rl-zoo3's yml form as keyword arguments of the algorithm (a new dict): ``lin_<x>`` strings
-    of :data:`SCHEDULE_KEYS` become linear schedules from x to 0, ``policy_kwargs["activation_fn"]`` names torch classes.
-    """
+    """yml-form settings as the algorithm's keyword arguments: ``lin_<x>`` as linear schedules, activation names as classes."""
     kwargs = dict(entry)
     for key in SCHEDULE_KEYS:
         start = linear_schedule_start(kwargs.get(key))

@@ -37,6 +37,7 @@ ENTRY_ERRORS = [
     ({"policy_kwargs": {"log_std_init": "big"}}, r"policy_kwargs.log_std_init='big' is invalid: expected a finite number"),
     ({"policy_kwargs": {"squash_output": False, "entropy_estimator": "mc"}}, r"entropy_estimator='mc' only applies to the"),
     ({"policy_kwargs": {"log_std_bounds": (-3, 1)}}, r"log_std_bounds=\(-3, 1\) only applies with state_dependent_std"),
+    ({"policy_kwargs": {"state_dependent_std": True, "log_std_bounds": (1, 2)}}, r"log_std_init=0.0 must lie strictly inside"),
     ({"policy_kwargs": "dict(net_arch=[64], activaton_fn=nn.ReLU)"}, r"unknown key 'activaton_fn' in policy_kwargs"),
     ({"policy_kwargs": "dict(net_arch=[64"}, r"'policy_kwargs: .*' is not a Python expression"),
     ({"policy_kwargs": {"use_sde": True}}, r"unknown key 'use_sde' in policy_kwargs"),
