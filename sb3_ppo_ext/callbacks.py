@@ -45,7 +45,7 @@ from sb3_ppo_ext.validation import (
     SCHEDULE_KEYS,
     InvalidSettingError,
     check_choice,
-    check_positive_int,
+    check_int,
     check_real,
     is_integer_parameter,
     is_real,
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 _is_number = is_real
 _check_finite = check_real
 _optional = optional_real
-_check_positive_int = check_positive_int
+_check_positive_int = check_int
 _check_choice = check_choice
 
 

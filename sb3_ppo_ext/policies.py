@@ -711,9 +711,9 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         **kwargs: Any,
     ):
         # Each by its row of the rule table, then the rules across them and on the action space.
-        own = dict(squash_output=squash_output, state_dependent_std=state_dependent_std, log_std_bounds=log_std_bounds)
-        own.update(entropy_estimator=entropy_estimator, action_dist=action_dist, learning_rates=learning_rates, fast=fast)
-        check_policy_kwargs({**own, **kwargs}, action_space)
+        own: dict[str, object] = dict(squash_output=squash_output, state_dependent_std=state_dependent_std)
+        own.update(log_std_bounds=log_std_bounds, entropy_estimator=entropy_estimator, action_dist=action_dist)
+        check_policy_kwargs({**own, "learning_rates": learning_rates, "fast": fast, **kwargs}, action_space)
         is_beta, fast, state_dependent_std = action_dist == "beta", bool(fast), bool(state_dependent_std)
         squash_output = isinstance(action_space, spaces.Box) if squash_output is None else bool(squash_output)
         if state_dependent_std:

@@ -1,10 +1,7 @@
 """Optuna search space of PPOExt, MaskablePPOExt and RecurrentPPOExt, for rl-zoo3 (``-optimize``) or plain Optuna.
 
-Define-by-run: a parameter is asked for only when it matters (``kl_target`` only with an adaptive KL
-penalty, the action head's knobs only for ``Box`` actions). It is stock PPO's space in rl-zoo3 plus PPOExt's
-objective, value-clip mode, action head and per-network learning rates, written once in rl-zoo3's yml form;
-each converter replays it on an ``optuna.trial.FixedTrial`` and :func:`params_from_zoo_entry` is its inverse.
-Importing this module does not import optuna.
+Stock PPO's space in rl-zoo3 plus PPOExt's objective, value-clip mode, action head and per-network learning rates,
+define-by-run and in rl-zoo3's yml form; the converters replay it, :func:`params_from_zoo_entry` inverts it.
 """
 
 from __future__ import annotations
@@ -42,9 +39,6 @@ CRITIC_MEMORIES = {
 }
 # Values of the parameters added to the space after studies were run with it (replayed as before).
 REPLAY_DEFAULTS: dict[str, object] = {"action_dist": "gaussian", "separate_lr": False}
-
-
-# --- the search space --------------------------------------------------------------------------
 
 
 def _sample_rollout(trial: optuna.trial.BaseTrial) -> dict[str, Any]:
@@ -189,34 +183,33 @@ def _power_of_two(name: str, value: Any, low: int, high: int) -> int:
 
 def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dict[str, Any]:
     """
-    The inverse of the sampler: the trial ``params`` that :func:`convert_zoo_params` replays to a yml entry's
-    values, e.g. to enqueue the shipped settings as a study's first trial. Keys the space does not sample
-    (``n_envs``, ``vf_coef``, ...) are left out; a value the sampler cannot produce is an
-    :class:`~sb3_ppo_ext.validation.InvalidSettingError`, except ``ent_coef: 0.0`` (the space's ``1e-8``).
+    The trial ``params`` that :func:`convert_zoo_params` replays to a yml entry's values (to enqueue the shipped
+    settings in a study); a value outside the space is an :class:`~sb3_ppo_ext.validation.InvalidSettingError`,
+    except ``ent_coef: 0.0`` (the space's ``1e-8``). Keys the space does not sample are left out.
 
     :param entry: settings in rl-zoo3's yml form
     :param continuous: whether the env's action space is ``Box``
     """
     defaults = {name: parameter.default for name, parameter in inspect.signature(PPOExt).parameters.items()}
-    get = {**defaults, **entry}.get
-    learning_rate = get("learning_rate")
+    merged = {**defaults, **entry}
+    learning_rate = merged["learning_rate"]
     linear = isinstance(learning_rate, str) and learning_rate.startswith("lin_")
-    clip_range = get("clip_range")
-    kl_coef = float(get("kl_coef"))
+    clip_range = merged["clip_range"]
+    kl_coef = float(merged["kl_coef"])
     if clip_range is not None and not isinstance(clip_range, (int, float)):
         raise InvalidSettingError(f"clip_range={clip_range!r}: the search space has constant clip ranges only")
     params: dict[str, Any] = {
-        "n_steps_pow": _power_of_two("n_steps", get("n_steps"), 5, 11),
-        "batch_size_pow": _power_of_two("batch_size", get("batch_size"), 5, 9),
+        "n_steps_pow": _power_of_two("n_steps", merged["n_steps"], 5, 11),
+        "batch_size_pow": _power_of_two("batch_size", merged["batch_size"], 5, 9),
         # Rounded: 1 - 0.9999 is 9.99999999999889e-05 in floating point, below the space's 1e-4.
-        "one_minus_gamma": round(1.0 - float(get("gamma")), 12),
-        "one_minus_gae_lambda": round(1.0 - float(get("gae_lambda")), 12),
-        "n_epochs": check_choice("n_epochs", get("n_epochs"), N_EPOCHS),
+        "one_minus_gamma": round(1.0 - float(merged["gamma"]), 12),
+        "one_minus_gae_lambda": round(1.0 - float(merged["gae_lambda"]), 12),
+        "n_epochs": check_choice("n_epochs", merged["n_epochs"], N_EPOCHS),
         "learning_rate": float(learning_rate[len("lin_") :]) if linear else float(learning_rate),
         "lr_schedule": "linear" if linear else "constant",
-        "max_grad_norm": float(get("max_grad_norm")),
-        "ent_coef": max(float(get("ent_coef")), 1e-8),
-        "target_kl": check_choice("target_kl", get("target_kl"), TARGET_KLS),
+        "max_grad_norm": float(merged["max_grad_norm"]),
+        "ent_coef": max(float(merged["ent_coef"]), 1e-8),
+        "target_kl": check_choice("target_kl", merged["target_kl"], TARGET_KLS),
         "objective": "+".join(name for name, on in (("clip", clip_range is not None), ("kl", kl_coef > 0)) if on),
     }
     if not params["objective"]:
@@ -225,14 +218,14 @@ def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dic
         params["clip_range"] = check_choice("clip_range", clip_range, CLIP_RANGES)
     if kl_coef > 0:
         params["kl_coef"] = kl_coef
-        params["kl_adaptive"] = get("kl_target") is not None
+        params["kl_adaptive"] = merged["kl_target"] is not None
         if params["kl_adaptive"]:
-            params["kl_target"] = float(get("kl_target"))
-    clip_range_vf = get("clip_range_vf")
-    params["vf_clip"] = "none" if clip_range_vf is None else get("vf_clip_mode")
+            params["kl_target"] = float(merged["kl_target"])
+    clip_range_vf = merged["clip_range_vf"]
+    params["vf_clip"] = "none" if clip_range_vf is None else merged["vf_clip_mode"]
     if clip_range_vf is not None:
         params["clip_range_vf"] = check_choice("clip_range_vf", clip_range_vf, CLIP_RANGES_VF)
-    policy_kwargs = dict(get("policy_kwargs") or {})
+    policy_kwargs = dict(merged["policy_kwargs"] or {})
     net_arch = policy_kwargs.get("net_arch", NET_ARCHS["small"])
     names = [name for name, arch in NET_ARCHS.items() if arch == net_arch]
     if not names:
@@ -250,9 +243,9 @@ def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dic
     if params["squash"]:
         params["action_dist"] = action_dist
     if action_dist != "beta":  # the Gaussian head's exploration
-        if _ruled("use_sde", get("use_sde")):
+        if _ruled("use_sde", merged["use_sde"]):
             params["exploration"] = "gsde"
-            params["sde_sample_freq"] = check_choice("sde_sample_freq", get("sde_sample_freq"), SDE_SAMPLE_FREQS)
+            params["sde_sample_freq"] = check_choice("sde_sample_freq", merged["sde_sample_freq"], SDE_SAMPLE_FREQS)
         else:
             state_dependent = _ruled("policy_kwargs.state_dependent_std", policy_kwargs.get("state_dependent_std", False))
             params["exploration"] = "state_dependent_std" if state_dependent else "gaussian"
@@ -286,28 +279,16 @@ def _learning_rate_params(learning_rates: Any, learning_rate: Any) -> dict[str, 
 
 
 def _check_in_space(params: dict[str, Any], continuous: bool) -> None:
-    """Replay the sampler on a throwaway trial and check every value lies in its distribution."""
+    """Replay the sampler on ``params`` and check every value lies in its distribution."""
     import optuna
 
-    verbosity = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-    finally:
-        optuna.logging.set_verbosity(verbosity)
-    study.enqueue_trial(params)
-    trial = study.ask()
+    trial = optuna.trial.FixedTrial(params)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Optuna warns about out-of-range fixed values; we raise below
+        warnings.simplefilter("ignore")  # Optuna warns about out-of-range fixed values; raised below
         sample_zoo_form(trial, continuous)
     for name, distribution in trial.distributions.items():
-        value = params[name]
-        try:
-            contained = distribution._contains(distribution.to_internal_repr(value))
-        except ValueError:
-            contained = False
-        if not contained:
-            raise InvalidSettingError(f"{name}={value!r} is outside the search space's {distribution}")
+        if not distribution._contains(distribution.to_internal_repr(params[name])):
+            raise InvalidSettingError(f"{name}={params[name]!r} is outside the search space's {distribution}")
 
 
 def sample_zoo_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:

@@ -1,7 +1,6 @@
 """Settings entries in rl-zoo3's yml form, checked whole before anything runs, and this package's algorithms for rl-zoo3.
 
-:func:`check_entry` judges unknown and reserved keys (with the closest valid name), each parameter and
-``policy_kwargs`` key by its row of :mod:`sb3_ppo_ext.validation`, then the rules across parameters. yml files
+Each key is judged by its row of :mod:`sb3_ppo_ext.validation` (unknown ones get the closest valid name). yml files
 are read with ``yaml.safe_load``; a string ``policy_kwargs`` / ``normalize`` is only parsed (``ast``).
 """
 
@@ -10,6 +9,7 @@ from __future__ import annotations
 import ast
 import inspect
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,9 +69,6 @@ DEFAULT_ALGO = "ppo_ext"
 RESERVED_KEYS = frozenset({"env", "tensorboard_log", "seed", "verbose", "device", "_init_setup_model"})
 
 
-# --- single values: each by its row ---------------------------------------------------------------
-
-
 def _check(function: Callable[..., object], *args: object) -> str | None:
     try:
         function(*args)
@@ -85,32 +82,21 @@ def _judge(rule: Rule, name: str, value: object) -> str | None:
     if rule.schedule and isinstance(value, str) and validation.linear_schedule_start(value) is not None:
         return None
     if rule.schedule and isinstance(value, str):
-        problem = f"{name}={value!r} is invalid: expected a number or a linear schedule 'lin_<x>' with x > 0 (e.g. lin_3.0e-4)"
+        problem: str | None = f"{name}={value!r} is invalid: expected a number or a 'lin_<x>' schedule with x > 0"
     else:
         problem = _check(rule.judge, name, value)
-    if problem and isinstance(value, str) and "a string" not in problem and _is_number_text(value):
+    if problem and isinstance(value, str) and "a string" not in problem and _NUMBER.fullmatch(value.strip()):
         problem += " (a string: PyYAML reads 3e-4 as a string; write 3.0e-4 or !!float 3e-4)"
     return problem
-
-
-def _is_number_text(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _expected(name: str, value: object, expected: str) -> str:
     return f"{name}={value!r} is invalid: expected {expected}"
 
 
-def _mapping_problem(name: str, value: object) -> str | None:
-    return None if value is None or isinstance(value, Mapping) else _expected(name, value, "a mapping")
-
-
 # A value of a ``policy_kwargs`` / ``normalize`` string that rl-zoo3 evaluates (e.g. nn.ReLU): only its name is checked.
 _NOT_LITERAL = object()
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 def _kwargs_expression(text: str, key: str) -> tuple[dict[str, object] | None, str | None]:
@@ -153,20 +139,17 @@ def _policy_kwargs_problems(algorithm: type, policy: object, policy_kwargs: obje
         return []  # a dotted class path that rl-zoo3 imports later: names unknown here
     parameters = validation.policy_parameters(policy_class)
     literal = {key: value for key, value in policy_kwargs.items() if value is not _NOT_LITERAL}
-    problems = [
+    problems: list[str | None] = [
         validation.unknown_policy_kwarg(key, policy_class, parameters) for key in policy_kwargs if key not in parameters
     ]
     for key, value in literal.items():
         if key in parameters and key in validation.POLICY_KWARG_RULES:
             problems.append(_judge(validation.POLICY_KWARG_RULES[key], f"policy_kwargs.{key}", value))
         elif key in parameters and key.endswith("_kwargs"):
-            problems.append(_mapping_problem(f"policy_kwargs.{key}", value))
-    problems = [problem for problem in problems if problem]
-    together = None if problems else _check(validation.check_policy_kwargs_together, literal)
-    return [together] if together else problems
-
-
-# --- rl-zoo3's own keys ----------------------------------------------------------------------------
+            problems.append(_typed(Mapping, type(None), expected="a mapping")(f"policy_kwargs.{key}", value))
+    found = [problem for problem in problems if problem]
+    together = None if found else _check(validation.check_policy_kwargs_together, literal)
+    return [together] if together else found
 
 
 def _normalize_problem(key: str, value: object) -> str | None:
@@ -191,8 +174,7 @@ def _n_timesteps_problem(key: str, value: object) -> str | None:
     return _expected(key, value, "a whole number of steps >= 0")
 
 
-# Where an entry's training envs come from (``env_backend``): gymnasium's envs in rl-zoo3's VecEnv, or
-# EnvPool's batched envs (sb3_ppo_ext.envpool.EnvPoolVecEnv); evaluation always runs on gymnasium's envs.
+# Where an entry's training envs come from (``env_backend``); evaluation always runs on gymnasium's envs.
 ENV_BACKENDS = ("gymnasium", "envpool")
 
 
@@ -216,9 +198,6 @@ ZOO_KEY_CHECKS: dict[str, Callable[[str, object], str | None]] = {
 }
 
 
-# --- whole entries ---------------------------------------------------------------------------------
-
-
 def algorithm_spec(algo: str) -> AlgorithmSpec:
     """The :data:`ALGORITHMS` entry of ``algo``."""
     if algo not in ALGORITHMS:
@@ -238,15 +217,14 @@ def entry_problems(entry: object, algo: str = DEFAULT_ALGO, whole: bool = True) 
 
     :param entry: the entry, in rl-zoo3's yml form
     :param algo: the algorithm's name in :data:`ALGORITHMS`
-    :param whole: whether the entry is complete, so that the rules across parameters apply
-        (:func:`whole_entry_problems`); ``False`` for a part, such as ``-params``, merged over a file's entry later
+    :param whole: whether the rules across parameters apply (``False`` for a part, such as ``-params``)
     """
     if not isinstance(entry, Mapping):
         return [f"expected a mapping of settings, got {type(entry).__name__} {entry!r:.80}"]
     algorithm = algorithm_spec(algo).algorithm
     parameters = algorithm_parameters(algorithm)
     allowed = sorted({*parameters, *ZOO_KEY_CHECKS})
-    problems = []
+    problems: list[str | None] = []
     for key, value in entry.items():
         if key in RESERVED_KEYS:
             problems.append(f"'{key}' is set by rl-zoo3 itself (use its command-line option instead)")
@@ -259,7 +237,7 @@ def entry_problems(entry: object, algo: str = DEFAULT_ALGO, whole: bool = True) 
         elif key in ALGORITHM_RULES:
             problems.append(_judge(ALGORITHM_RULES[key], key, value))
         elif key.endswith("_kwargs"):
-            problems.append(_mapping_problem(key, value))
+            problems.append(_typed(Mapping, type(None), expected="a mapping")(key, value))
     found = [problem for problem in problems if problem]
     return whole_entry_problems(entry, algo) if whole and not found else found
 
@@ -309,7 +287,6 @@ def load_hyperparams(env_id: str, path: str | Path = PPO_EXT_YML, algo: str = DE
     :param env_id: gymnasium environment id
     :param path: yml file in rl-zoo3's format
     :param algo: the algorithm's name in :data:`ALGORITHMS`
-    :raises KeyError: no entry for ``env_id`` and no ``default``
     """
     entries = read_entries(path)
     name = select_entry(entries, env_id)

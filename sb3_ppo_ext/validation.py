@@ -1,9 +1,7 @@
 """The one table of parameter rules (:data:`ALGORITHM_RULES`, :data:`POLICY_KWARG_RULES`) and its validators.
 
-The algorithms' constructors and ``load`` apply the rows with :func:`check_arguments`, the policies'
-constructors with :func:`check_policy_kwargs`, the settings check of yml entries key by key,
-``ParameterScheduler`` with :func:`scheduled_value_problem`. Each raises :class:`InvalidSettingError`.
-Python and numpy scalars are numbers, ``bool`` is not; a boolean must be a ``bool`` or ``np.bool_``.
+The algorithms apply it with :func:`check_arguments`, the policies with :func:`check_policy_kwargs`, the settings
+check key by key, ``ParameterScheduler`` with :func:`scheduled_value_problem`; each raises :class:`InvalidSettingError`.
 """
 
 from __future__ import annotations
@@ -76,11 +74,6 @@ def check_int(name: str, value: Any, low: int | None = 1) -> int:
     return int(value)
 
 
-def check_positive_int(name: str, value: Any) -> int:
-    """:func:`check_int` with ``low=1``."""
-    return check_int(name, value, 1)
-
-
 def check_bool(name: str, value: Any, allow_none: bool = False) -> bool | None:
     """``bool(value)`` (or an allowed ``None``), or an :class:`InvalidSettingError` unless ``value`` is a boolean."""
     if value is None and allow_none:
@@ -138,9 +131,6 @@ def linear_schedule_start(value: Any) -> float | None:
     except ValueError:
         return None
     return start if math.isfinite(start) and start > 0 else None
-
-
-# --- the rows -------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -253,9 +243,8 @@ def check_arguments(arguments: Mapping[str, Any], check_schedules: bool = True, 
 
 def check_together(arguments: Mapping[str, Any], n_envs: int | None = None) -> None:
     """
-    The rules across arguments, each applied when its arguments are given: a one-sample minibatch or rollout
-    cannot be normalised (``n_steps * n_envs`` when ``n_envs`` is known); ``vf_clip_mode='max'`` needs
-    ``clip_range_vf``; an adaptive beta (``kl_target``) needs ``kl_coef > 0`` within ``kl_coef_bounds``.
+    The rules across arguments, each applied when its arguments are given: no one-sample minibatch or rollout to
+    normalise; ``vf_clip_mode='max'`` needs ``clip_range_vf``; ``kl_target`` needs ``kl_coef > 0`` within its bounds.
     """
     get = arguments.get
     normalize, n_steps, kl_target, kl_coef = get("normalize_advantage", True), get("n_steps"), get("kl_target"), get("kl_coef")
@@ -292,8 +281,6 @@ def scheduled_value_problem(name: str, value: float) -> str | None:
         return str(error).split(" is invalid: ", 1)[-1] + (" (after rounding: it is an int)" if integer else "")
     return None
 
-
-# --- the policies' keyword arguments ----------------------------------------------------------------
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "leaky_relu": nn.LeakyReLU, "gelu": nn.GELU, "silu": nn.SiLU}
 
@@ -342,9 +329,9 @@ def check_network_learning_rates(name: str, value: object) -> None:
 
 
 def _check_lstm_kwargs(name: str, value: object) -> None:
-    if value is not None and not isinstance(value, Mapping):
+    if not isinstance(value, (Mapping, type(None))):
         raise InvalidSettingError(f"{name}={value!r} is invalid: expected a mapping of torch.nn.LSTM arguments")
-    if value is not None and "dropout" in value:
+    if value and "dropout" in value:
         check_real(f"{name}.dropout", value["dropout"], low=0.0, high=1.0, strict=False)
 
 
@@ -393,19 +380,13 @@ def check_policy_kwargs(policy_kwargs: Mapping[str, Any], action_space: spaces.S
 
 def check_policy_kwargs_together(policy_kwargs: Mapping[str, Any], action_space: spaces.Space | None = None) -> None:
     """
-    The rules across policy keyword arguments (each judged by its row) and, given ``action_space``, on it:
-    the Beta head excludes the Gaussian head's settings; a shared LSTM needs ``enable_critic_lstm=False`` and
-    the shared features extractor; ``state_dependent_std`` excludes gSDE and takes ``log_std_bounds`` with
-    ``log_std_init`` inside; ``entropy_estimator`` needs the squashed head (``squash_output=None``: squashed for
-    ``Box``); the ``Box`` heads need a ``Box`` space, the squashed and Beta heads finite bounds.
+    The rules across policy keyword arguments (each judged by its row) and, given ``action_space``, on it: the Beta
+    head excludes the Gaussian head's settings, a shared LSTM the critic's, ``state_dependent_std`` gSDE; the
+    squashed head alone takes ``entropy_estimator``; the ``Box`` heads need a ``Box`` space, and finite bounds to squash.
     """
     get = policy_kwargs.get
-    squash, state_dependent, bounds, log_std_init = (
-        get("squash_output"),
-        get("state_dependent_std"),
-        get("log_std_bounds"),
-        get("log_std_init", 0.0),
-    )
+    squash, state_dependent, bounds = get("squash_output"), get("state_dependent_std"), get("log_std_bounds")
+    log_std_init = get("log_std_init", 0.0)
     beta_excludes = {
         "squash_output": squash is False,
         "state_dependent_std": state_dependent is True,
@@ -458,10 +439,7 @@ def _check_action_space(beta: bool, squash: object, state_dependent: object, act
     if beta and not is_box:
         raise InvalidSettingError(f"policy_kwargs.action_dist='beta' needs a Box action space, got {action_space}")
     if squash and not is_box:
-        raise InvalidSettingError(
-            f"squash_output=True needs a Box action space, got {action_space}; "
-            "use squash_output=None (auto) or False for discrete action spaces"
-        )
+        raise InvalidSettingError(f"squash_output=True needs a Box action space, got {action_space}; use None (auto) or False")
     if state_dependent and not is_box:
         raise InvalidSettingError(f"state_dependent_std=True needs a Box action space, got {action_space}")
     if squash and isinstance(action_space, spaces.Box) and not np.isfinite([action_space.low, action_space.high]).all():

@@ -14,7 +14,7 @@ from sb3_ppo_ext.settings import check_entry, entry_problems
 from sb3_ppo_ext.validation import InvalidSettingError, policy_parameters
 
 ENTRY_ERRORS = [
-    ({"learning_rate": "abc"}, r"learning_rate='abc' is invalid: expected a number or a linear schedule 'lin_<x>'"),
+    ({"learning_rate": "abc"}, r"learning_rate='abc' is invalid: expected a number or a 'lin_<x>' schedule"),
     ({"learning_rate": "3e-4"}, r"PyYAML reads 3e-4 as a string"),
     ({"learning_rate": "lin_-1"}, r"learning_rate='lin_-1' is invalid"),
     ({"n_envs": 0}, r"n_envs=0 is invalid: expected an int >= 1"),
