@@ -175,7 +175,7 @@ class Rule:
         elif self.kind == "int":
             check_int(name, value, None if self.low is None else int(self.low))
         elif self.kind == "bool":
-            check_bool(name, value)
+            check_bool(name, value, self.nullable)
         elif self.kind == "choice":
             check_choice(name, value, self.choices)
         elif self.kind == "pair":

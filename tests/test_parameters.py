@@ -104,6 +104,8 @@ def test_rules_judge_by_kind_and_bounds():
         with pytest.raises(InvalidSettingError, match="n="):
             Rule("int", low=1).judge("n", bad)
     Rule("bool", nullable=True).judge("b", None)
+    with pytest.raises(InvalidSettingError, match="b='no' is invalid: expected True, False or None"):
+        Rule("bool", nullable=True).judge("b", "no")
     with pytest.raises(InvalidSettingError, match="b=None"):
         Rule("bool").judge("b", None)
     with pytest.raises(InvalidSettingError, match=r"expected finite 0 < min <= max"):
