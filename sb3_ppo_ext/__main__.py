@@ -19,7 +19,7 @@ from stable_baselines3.common.vec_env import VecNormalize, sync_envs_normalizati
 
 from sb3_ppo_ext import PPOExt
 from sb3_ppo_ext.hyperparams import load_hyperparams
-from sb3_ppo_ext.samplers import to_ppo_ext_kwargs
+from sb3_ppo_ext.validation import to_algorithm_kwargs
 
 
 def split_settings(entry: dict[str, Any]) -> dict[str, Any]:
@@ -35,7 +35,7 @@ def split_settings(entry: dict[str, Any]) -> dict[str, Any]:
         n_timesteps=int(entry.pop("n_timesteps", 100_000)),
         normalize=entry.pop("normalize", False),
         policy=entry.pop("policy", "MlpPolicy"),
-        model_kwargs=to_ppo_ext_kwargs(entry),
+        model_kwargs=to_algorithm_kwargs(entry),
     )
 
 

@@ -39,16 +39,18 @@ from stable_baselines3.common.logger import HParam, TensorBoardOutputFormat
 from stable_baselines3.common.utils import FloatSchedule, update_learning_rate
 from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_ppo_ext.parameters import SCHEDULE_KEYS, is_integer_parameter, scheduled_value_problem
 from sb3_ppo_ext.reliability import model_state_problems, non_finite_entries, save_checkpoint
 from sb3_ppo_ext.schedules import ParameterSchedule  # re-exported: ``from sb3_ppo_ext.callbacks import ParameterSchedule``
 from sb3_ppo_ext.validation import (
+    SCHEDULE_KEYS,
     InvalidSettingError,
     check_choice,
-    check_positive_int,
+    check_int,
     check_real,
+    is_integer_parameter,
     is_real,
     optional_real,
+    scheduled_value_problem,
 )
 
 if TYPE_CHECKING:
@@ -60,7 +62,7 @@ if TYPE_CHECKING:
 _is_number = is_real
 _check_finite = check_real
 _optional = optional_real
-_check_positive_int = check_positive_int
+_check_positive_int = check_int
 _check_choice = check_choice
 
 

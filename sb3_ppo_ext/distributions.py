@@ -20,7 +20,6 @@ from torch.distributions import kl_divergence as th_kl_divergence
 from torch.nn import functional as F
 
 TorchDistribution = th.distributions.Distribution
-ENTROPY_ESTIMATORS = ("sample", "gaussian", "mc")
 _TWO_LOG_TWO = 2.0 * math.log(2.0)
 _HALF_LOG_TWO_PI = 0.5 * math.log(2.0 * math.pi)
 # torch's constant in ``Normal.log_prob``, written as torch writes it (a different rounding would change bits).

@@ -39,7 +39,7 @@ from stable_baselines3.common.buffers import BaseBuffer
 from stable_baselines3.common.type_aliases import PyTorchObs
 from stable_baselines3.common.utils import explained_variance
 
-from sb3_ppo_ext import losses, parameters, validation
+from sb3_ppo_ext import losses, validation
 from sb3_ppo_ext.buffers import PI_OLD_BUFFERS, PiOldBuffer
 from sb3_ppo_ext.distributions import (
     analytic_kl,
@@ -272,9 +272,9 @@ class ExtUpdateEngine:
     _ARGUMENT_ATTRIBUTES: ClassVar[dict[str, str]] = {"stats_window_size": "_stats_window_size"}
 
     def _configured_arguments(self) -> dict[str, Any]:
-        """The model's current value of each argument with a row in :data:`~sb3_ppo_ext.parameters.ALGORITHM_RULES`."""
+        """The model's current value of each argument with a row in :data:`~sb3_ppo_ext.validation.ALGORITHM_RULES`."""
         arguments = {}
-        for name in parameters.ALGORITHM_RULES:
+        for name in validation.ALGORITHM_RULES:
             attribute = self._ARGUMENT_ATTRIBUTES.get(name, name)
             if attribute in self.__dict__:
                 arguments[name] = self.__dict__[attribute]
@@ -293,7 +293,7 @@ class ExtUpdateEngine:
         """
         try:
             n_envs = self.n_envs if getattr(self, "env", None) is not None else None
-            parameters.check_arguments(self._configured_arguments(), check_schedules=False, n_envs=n_envs)
+            validation.check_arguments(self._configured_arguments(), check_schedules=False, n_envs=n_envs)
             validation.check_real("current_kl_coef", self.current_kl_coef, low=0.0, strict=False)
             beta = self._live_kl_coef(previous)
             low, high = self.kl_coef_bounds
@@ -317,7 +317,7 @@ class ExtUpdateEngine:
         from stable_baselines3.common.torch_layers import CombinedExtractor
 
         def reads_dicts(policy_class: type) -> bool:
-            extractor = parameters.policy_parameters(policy_class).get("features_extractor_class")
+            extractor = validation.policy_parameters(policy_class).get("features_extractor_class")
             return isinstance(extractor, type) and issubclass(extractor, CombinedExtractor)
 
         aliases: dict[str, type] = getattr(self, "policy_aliases", {})
@@ -359,10 +359,10 @@ class ExtUpdateEngine:
         """
         if not isinstance(self.policy_class, type) or not isinstance(self.policy_kwargs, dict):
             return
-        taken = parameters.policy_parameters(self.policy_class)
+        taken = validation.policy_parameters(self.policy_class)
         unknown = [key for key in self.policy_kwargs if key not in taken]
         if unknown:
-            problems = "; ".join(parameters.unknown_policy_kwarg(key, self.policy_class, taken) for key in unknown)
+            problems = "; ".join(validation.unknown_policy_kwarg(key, self.policy_class, taken) for key in unknown)
             raise UnknownPolicyKwargError(f"{type(self).__name__}: {problems}; valid keys: {', '.join(sorted(taken))}")
 
     def _setup_model(self) -> None:

@@ -13,9 +13,7 @@ import math
 import torch as th
 from torch.nn import functional as F
 
-from sb3_ppo_ext.validation import InvalidSettingError
-
-VF_CLIP_MODES = ("clipped", "max")
+from sb3_ppo_ext.validation import VF_CLIP_MODES, InvalidSettingError
 
 
 def masked_mean(values: th.Tensor, valid: th.Tensor | None) -> th.Tensor:

@@ -25,8 +25,8 @@ from sb3_ppo_ext.buffers import PiOldMaskableDictRolloutBuffer, PiOldMaskableRol
 from sb3_ppo_ext.engine import ExtUpdateEngine, extension_arguments, flat_observations, flat_rollout, index_observations
 from sb3_ppo_ext.envs import masks_of, without_masks
 from sb3_ppo_ext.files import ModelFiles
-from sb3_ppo_ext.parameters import ALGORITHM_RULES, check_arguments
 from sb3_ppo_ext.policies import MaskablePPOExtCnnPolicy, MaskablePPOExtMultiInputPolicy, MaskablePPOExtPolicy
+from sb3_ppo_ext.validation import ALGORITHM_RULES, check_arguments
 
 SelfMaskablePPOExt = TypeVar("SelfMaskablePPOExt", bound="MaskablePPOExt")
 

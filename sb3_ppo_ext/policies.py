@@ -31,7 +31,6 @@ from torch.nn import functional as F
 from torch.nn.modules import module as torch_module
 
 from sb3_ppo_ext.distributions import (
-    ENTROPY_ESTIMATORS,
     BetaDistribution,
     TanhSquashedDistribution,
     direct_categorical,
@@ -45,15 +44,14 @@ from sb3_ppo_ext.distributions import (
     rescale_tanh64,
     squashed_log_prob,
 )
-from sb3_ppo_ext.parameters import ALGORITHM_RULES, check_policy_kwargs
 from sb3_ppo_ext.validation import (
+    DEFAULT_LOG_STD_BOUNDS,
     InvalidSettingError,
-    check_action_dist_together,
     check_network_learning_rates,
+    check_policy_kwargs,
     linear_schedule_start,
 )
 
-DEFAULT_LOG_STD_BOUNDS = (-5.0, 2.0)
 DEFAULT_ENTROPY_ESTIMATOR = "mc"
 
 
@@ -62,19 +60,6 @@ DEFAULT_ENTROPY_ESTIMATOR = "mc"
 _CRITIC_PREFIXES = ("mlp_extractor.value_net.", "value_net.", "vf_features_extractor.", "lstm_critic.", "critic.")
 _SHARED_PREFIX = "features_extractor."
 NETWORKS = ("pi", "vf")
-
-
-def _check_squashable_bounds(action_space: spaces.Space, action_dist: str = "gaussian") -> None:
-    """A ValueError unless every bound of a Box action space is finite (the squashed and Beta heads map onto [low, high])."""
-    if not isinstance(action_space, spaces.Box):
-        return
-    low, high = action_space.low.astype(np.float64), action_space.high.astype(np.float64)
-    if not (np.isfinite(low).all() and np.isfinite(high).all()):
-        setting = "action_dist='beta'" if action_dist == "beta" else "squash_output=True"
-        raise InvalidSettingError(
-            f"{setting} needs finite action bounds, got low={action_space.low} high={action_space.high}; for unbounded "
-            "actions use policy_kwargs=dict(action_dist='gaussian', squash_output=False) (Gaussian plus clipping)"
-        )
 
 
 def learning_rate_schedule(name: str, value: float | str | Callable[[float], float]) -> Schedule:
@@ -582,8 +567,7 @@ class NetworkLearningRates:
     optimizer_kwargs: dict[str, Any]
 
     def _init_network_learning_rates(self, learning_rates: Mapping[str, Any] | None) -> None:
-        """Check ``learning_rates``; if given, one optimizer group per network (called last in ``__init__``)."""
-        check_network_learning_rates("policy_kwargs.learning_rates", learning_rates)
+        """With ``learning_rates`` (judged by its row), one optimizer group per network (called last in ``__init__``)."""
         self.learning_rates = None if learning_rates is None else dict(learning_rates)
         self.learning_rate_schedules = None
         if self.learning_rates is None:
@@ -726,69 +710,16 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         fast: bool = False,
         **kwargs: Any,
     ):
-        is_box = isinstance(action_space, spaces.Box)
-        # Each by its row of the parameter table (a string such as "false" is truthy: booleans must be booleans).
-        own = {"fast": fast, "squash_output": squash_output, "state_dependent_std": state_dependent_std}
-        check_policy_kwargs({**own, **kwargs})
-        ALGORITHM_RULES["use_sde"].judge("use_sde", kwargs.get("use_sde", False))
-        fast, state_dependent_std, use_sde = bool(fast), bool(state_dependent_std), bool(kwargs.get("use_sde", False))
-        squash_output = None if squash_output is None else bool(squash_output)
-        check_action_dist_together(
-            action_dist,
-            squash_output=squash_output,
-            state_dependent_std=state_dependent_std,
-            log_std_bounds=log_std_bounds,
-            entropy_estimator=entropy_estimator,
-            log_std_init=kwargs.get("log_std_init", 0.0),
-            use_sde=use_sde,
-        )
-        is_beta = action_dist == "beta"
-        if is_beta and not is_box:
-            raise InvalidSettingError(f"policy_kwargs.action_dist='beta' needs a Box action space, got {action_space}")
-        if squash_output is None:
-            squash_output = is_box
-        if squash_output:
-            _check_squashable_bounds(action_space, action_dist)
-        if squash_output and not is_box:
-            raise InvalidSettingError(
-                f"squash_output=True needs a Box action space, got {action_space}; "
-                "use squash_output=None (auto) or False for discrete action spaces"
-            )
-        if state_dependent_std and not is_box:
-            raise InvalidSettingError(f"state_dependent_std=True needs a Box action space, got {action_space}")
-        if state_dependent_std and use_sde:
-            raise InvalidSettingError("state_dependent_std=True cannot be combined with use_sde=True (gSDE has its own std)")
-        if log_std_bounds is not None:
-            if not state_dependent_std:
-                raise InvalidSettingError(
-                    f"log_std_bounds={log_std_bounds!r} only applies with state_dependent_std=True; "
-                    "the state-independent log-std is a free parameter"
-                )
-            bounds = tuple(float(b) for b in log_std_bounds)
-            if len(bounds) != 2 or not all(math.isfinite(b) for b in bounds) or not bounds[0] < bounds[1]:
-                raise InvalidSettingError(
-                    f"log_std_bounds={log_std_bounds!r} is invalid: expected finite (min, max) with min < max"
-                )
-            log_std_bounds = (bounds[0], bounds[1])
-        elif state_dependent_std:
-            log_std_bounds = DEFAULT_LOG_STD_BOUNDS
+        # Each by its row of the rule table, then the rules across them and on the action space.
+        own: dict[str, object] = dict(squash_output=squash_output, state_dependent_std=state_dependent_std)
+        own.update(log_std_bounds=log_std_bounds, entropy_estimator=entropy_estimator, action_dist=action_dist)
+        check_policy_kwargs({**own, "learning_rates": learning_rates, "fast": fast, **kwargs}, action_space)
+        is_beta, fast, state_dependent_std = action_dist == "beta", bool(fast), bool(state_dependent_std)
+        squash_output = isinstance(action_space, spaces.Box) if squash_output is None else bool(squash_output)
         if state_dependent_std:
-            log_std_init = float(kwargs.get("log_std_init", 0.0))
-            assert log_std_bounds is not None
-            if not log_std_bounds[0] < log_std_init < log_std_bounds[1]:
-                raise InvalidSettingError(
-                    f"log_std_init={log_std_init} must lie strictly inside log_std_bounds={log_std_bounds} "
-                    "with state_dependent_std=True"
-                )
-        if entropy_estimator is not None:
-            if entropy_estimator not in ENTROPY_ESTIMATORS:
-                raise InvalidSettingError(f"entropy_estimator={entropy_estimator!r} is not one of {ENTROPY_ESTIMATORS}")
-            if not squash_output:
-                raise InvalidSettingError(
-                    f"entropy_estimator={entropy_estimator!r} only applies to the squashed head "
-                    "(the unsquashed Gaussian's entropy is exact in closed form)"
-                )
-        elif squash_output and not is_beta:
+            low, high = log_std_bounds or DEFAULT_LOG_STD_BOUNDS
+            log_std_bounds = (float(low), float(high))
+        if entropy_estimator is None and squash_output and not is_beta:
             entropy_estimator = DEFAULT_ENTROPY_ESTIMATOR
 
         # Plain attributes read by ``_build``, which ``ActorCriticPolicy.__init__`` calls.
@@ -1188,9 +1119,9 @@ class MaskablePPOExtPolicy(CheckedForward, NetworkLearningRates, MaskableActorCr
         fast: bool = False,
         **kwargs: Any,
     ):
-        check_policy_kwargs({"fast": fast, **kwargs})  # each by its row of the parameter table
+        check_policy_kwargs({"fast": fast, "squash_output": squash_output, "learning_rates": learning_rates, **kwargs})
         self.fast = bool(fast)
-        if squash_output is not None and squash_output is not False:
+        if squash_output:
             raise InvalidSettingError(
                 f"squash_output={squash_output!r} is invalid for MaskablePPOExt: its action spaces (Discrete, "
                 "MultiDiscrete, MultiBinary) are discrete and have no squashed head; expected None or False"

@@ -17,8 +17,8 @@ from stable_baselines3.common.type_aliases import (
 from sb3_ppo_ext.buffers import PiOldDictRolloutBuffer, PiOldRolloutBuffer
 from sb3_ppo_ext.engine import ExtUpdateEngine, NonFiniteLossError, extension_arguments
 from sb3_ppo_ext.files import ModelFiles
-from sb3_ppo_ext.parameters import check_arguments
 from sb3_ppo_ext.policies import CnnPolicy, MlpPolicy, MultiInputPolicy
+from sb3_ppo_ext.validation import check_arguments
 
 SelfPPOExt = TypeVar("SelfPPOExt", bound="PPOExt")
 
@@ -137,7 +137,7 @@ class PPOExt(ModelFiles, ExtUpdateEngine, PPO):
         _init_setup_model: bool = True,
     ):
         # The arguments upstream's constructor takes and the extensions' own, each checked by its row of the
-        # parameter table (sb3_ppo_ext.parameters) before upstream's asserts see them.
+        # parameter table (sb3_ppo_ext.validation) before upstream's asserts see them.
         upstream: dict[str, Any] = dict(
             learning_rate=learning_rate,
             n_steps=n_steps,

@@ -1,67 +1,24 @@
-"""Optuna search space for PPOExt, usable with rl-zoo3 (``-optimize``) or with plain Optuna.
+"""Optuna search space of PPOExt, MaskablePPOExt and RecurrentPPOExt, for rl-zoo3 (``-optimize``) or plain Optuna.
 
-The space is define-by-run: a parameter is asked for only when it matters (``kl_target`` only
-with an adaptive KL penalty, ``vf_clip_mode`` only with value clipping, the squashed head's knobs
-only for ``Box`` action spaces, ...), so a study never records parameters that had no effect.
-It is stock PPO's space in rl-zoo3 (``n_steps``, ``batch_size``, ``n_epochs``, ``gamma``,
-``gae_lambda``, learning rate, ``ent_coef``, ``clip_range``, ``max_grad_norm``, network size and
-activation) plus PPOExt's own knobs and a few of SB3's that stock PPO's space leaves out:
-
-==================  =========================================================================
-group               parameters (Optuna names; the ones in brackets only when they apply)
-==================  =========================================================================
-rollout             ``n_steps_pow``, ``batch_size_pow`` (batch <= n_steps, both powers of 2),
-                    ``n_epochs``, ``one_minus_gamma``, ``one_minus_gae_lambda``
-optimizer           ``learning_rate``, ``lr_schedule`` (constant / linear to 0),
-                    ``max_grad_norm``, ``ent_coef``, ``target_kl`` (None = no early stop)
-objective           ``objective`` in clip / kl / clip+kl: [``clip_range``],
-                    [``kl_adaptive``, ``kl_coef``, [``kl_target``]]
-value loss          ``vf_clip`` in none / clipped / max: [``clip_range_vf``]
-network             ``net_arch``, ``activation_fn``, ``ortho_init``
-action head (Box)   ``squash``, ``exploration`` in gaussian / state_dependent_std / gsde:
-                    [``sde_sample_freq``], ``log_std_init``, [``entropy_estimator``]
-==================  =========================================================================
-
-Public functions:
-
-- :func:`sample_ppo_ext_params` — ``optuna.Trial`` -> PPOExt keyword arguments (plain Optuna);
-- :func:`ppo_ext_kwargs_from_params` — a finished trial's ``params`` -> the same keyword arguments;
-- :func:`sample_zoo_params` / :func:`convert_zoo_params` — rl-zoo3's ``HYPERPARAMS_SAMPLER`` /
-  ``HYPERPARAMS_CONVERTER`` entries for ``ppo_ext``;
-- :func:`make_storage` (from :mod:`sb3_ppo_ext.storage`, re-exported here) — the one place where
-  an Optuna storage is opened.
-
-The sampler is written once, in rl-zoo3's yml form (``learning_rate: lin_0.001``,
-``activation_fn: tanh``); :func:`to_ppo_ext_kwargs` (:func:`sb3_ppo_ext.parameters.to_algorithm_kwargs`)
-turns that form into objects. The converter
-replays the sampler on an ``optuna.trial.FixedTrial``, so sampler and converter cannot drift apart.
-Importing this module does not import optuna; the functions that need it import it.
+Stock PPO's space in rl-zoo3 plus PPOExt's objective, value-clip mode, action head and per-network learning rates,
+define-by-run and in rl-zoo3's yml form; the converters replay it, :func:`params_from_zoo_entry` inverts it.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-from sb3_ppo_ext.parameters import (
-    ACTIVATIONS,
-    ALGORITHM_RULES,
-    POLICY_KWARG_RULES,
-    SCHEDULE_KEYS,
-    activation_class,
-    signature_defaults,
-    to_algorithm_kwargs,
-)
+from sb3_ppo_ext import validation
 from sb3_ppo_ext.ppo_ext import PPOExt
-from sb3_ppo_ext.storage import HEARTBEAT_INTERVAL, MAX_RETRY, StorageError, make_storage
-from sb3_ppo_ext.validation import ACTION_DISTS, InvalidSettingError, check_choice, is_int, linear_schedule_start
+from sb3_ppo_ext.validation import InvalidSettingError, check_choice, linear_schedule_start, to_algorithm_kwargs
 
 if TYPE_CHECKING:
     import optuna
 
-NET_ARCHS: dict[str, dict[str, list[int]]] = {
+NET_ARCHS = {
     "tiny": dict(pi=[64], vf=[64]),
     "small": dict(pi=[64, 64], vf=[64, 64]),
     "medium": dict(pi=[256, 256], vf=[256, 256]),
@@ -71,15 +28,17 @@ TARGET_KLS = [None, 0.01, 0.02, 0.05]
 CLIP_RANGES = [0.1, 0.2, 0.3, 0.4]
 CLIP_RANGES_VF = [0.1, 0.2, 0.5, 1.0, 10.0]
 SDE_SAMPLE_FREQS = [-1, 4, 16]
-# (low, high) of the critic's learning rate over the actor's, sampled log-uniformly with separate_lr.
-LR_VF_RATIOS = (0.25, 8.0)
+LR_VF_RATIOS = (0.25, 8.0)  # the critic's learning rate over the actor's, sampled log-uniformly with separate_lr
+LSTM_HIDDEN_SIZES = [16, 32, 64, 128]
+N_LSTM_LAYERS = [1, 2]
+# How the critic reads the history: its own LSTM, the actor's (not trained by the value loss), or none.
+CRITIC_MEMORIES = {
+    "own_lstm": dict(enable_critic_lstm=True, shared_lstm=False),
+    "shared_lstm": dict(enable_critic_lstm=False, shared_lstm=True),
+    "mlp": dict(enable_critic_lstm=False, shared_lstm=False),
+}
 # Values of the parameters added to the space after studies were run with it (replayed as before).
-REPLAY_DEFAULTS: dict[str, Any] = {"action_dist": "gaussian", "separate_lr": False}
-# The settings owner's helpers, under the names this module has always exported.
-to_ppo_ext_kwargs = to_algorithm_kwargs
-
-
-# --- the search space --------------------------------------------------------------------------
+REPLAY_DEFAULTS: dict[str, object] = {"action_dist": "gaussian", "separate_lr": False}
 
 
 def _sample_rollout(trial: optuna.trial.BaseTrial) -> dict[str, Any]:
@@ -142,7 +101,7 @@ def _sample_policy(trial: optuna.trial.BaseTrial, continuous: bool) -> dict[str,
         return {"policy_kwargs": policy_kwargs}
     squash = trial.suggest_categorical("squash", [True, False])
     # The head: squashed Gaussian or Beta (both bounded, "squash"), or the clipped Gaussian.
-    if squash and trial.suggest_categorical("action_dist", list(ACTION_DISTS)) == "beta":
+    if squash and trial.suggest_categorical("action_dist", list(validation.ACTION_DISTS)) == "beta":
         policy_kwargs.update(squash_output=True, action_dist="beta")  # no std settings: the Beta's spread is its own
         return {"use_sde": False, "policy_kwargs": policy_kwargs}
     exploration = trial.suggest_categorical("exploration", ["gaussian", "state_dependent_std", "gsde"])
@@ -163,116 +122,94 @@ def _network_learning_rates(learning_rate: float | str, ratio: float) -> dict[st
     start = linear_schedule_start(learning_rate)
     if start is not None:  # "lin_<x>"
         return {"pi": learning_rate, "vf": f"lin_{start * ratio}"}
-    return {"pi": learning_rate, "vf": cast(float, learning_rate) * ratio}  # a number: not "lin_<x>"
+    return {"pi": learning_rate, "vf": float(learning_rate) * ratio}
 
 
-def sample_zoo_form(trial: optuna.trial.BaseTrial, continuous: bool = True) -> dict[str, Any]:
+def sample_zoo_form(trial: optuna.trial.BaseTrial, continuous: bool = True, recurrent: bool = False) -> dict[str, Any]:
     """
-    Sample one PPOExt configuration in rl-zoo3's yml form (schedules as ``lin_<x>``, activation names).
-
-    With ``separate_lr``, the critic gets its own learning rate, ``lr_vf_ratio`` times the actor's
-    (``policy_kwargs["learning_rates"]``; the actor's is the sampled ``learning_rate``). A policy
-    with a shared trunk (e.g. ``CnnPolicy`` with its default shared extractor) refuses it: set
-    ``share_features_extractor: False`` in its ``policy_kwargs``.
+    One configuration in rl-zoo3's yml form; derived values are recorded with ``trial.set_user_attr``. With
+    ``separate_lr`` the critic learns at ``lr_vf_ratio`` times the actor's rate (``learning_rates``).
 
     :param trial: an Optuna trial (or ``optuna.trial.FixedTrial`` to replay a trial's params)
     :param continuous: whether the action space is ``Box`` (adds the action-head parameters)
-    :return: PPOExt settings; the derived true values are recorded with ``trial.set_user_attr``
+    :param recurrent: whether to add RecurrentPPOExt's LSTM knobs (size, layers, the critic's memory)
     """
-    form = {
-        **_sample_rollout(trial),
-        **_sample_optimizer(trial),
-        **_sample_objective(trial),
-        **_sample_value_loss(trial),
-        **_sample_policy(trial, continuous),
-    }
+    form = {**_sample_rollout(trial), **_sample_optimizer(trial), **_sample_objective(trial), **_sample_value_loss(trial)}
+    form.update(_sample_policy(trial, continuous))
     if trial.suggest_categorical("separate_lr", [False, True]):
         ratio = trial.suggest_float("lr_vf_ratio", LR_VF_RATIOS[0], LR_VF_RATIOS[1], log=True)
         form["policy_kwargs"]["learning_rates"] = _network_learning_rates(form["learning_rate"], ratio)
+    if recurrent:
+        form["policy_kwargs"].update(
+            lstm_hidden_size=trial.suggest_categorical("lstm_hidden_size", LSTM_HIDDEN_SIZES),
+            n_lstm_layers=trial.suggest_categorical("n_lstm_layers", N_LSTM_LAYERS),
+            **CRITIC_MEMORIES[trial.suggest_categorical("critic_memory", list(CRITIC_MEMORIES))],
+        )
     return form
 
 
 def sample_ppo_ext_params(trial: optuna.Trial, continuous: bool = True) -> dict[str, Any]:
-    """
-    Sample PPOExt keyword arguments from ``trial`` (for plain Optuna: ``PPOExt("MlpPolicy", env, **kwargs)``).
-
-    :param trial: an Optuna trial
-    :param continuous: whether the env's action space is ``Box`` (``False`` for Discrete & co)
-    :return: keyword arguments of :class:`sb3_ppo_ext.ppo_ext.PPOExt`
-    """
-    return to_ppo_ext_kwargs(sample_zoo_form(trial, continuous))
+    """PPOExt keyword arguments sampled from ``trial`` (``continuous``: Box actions), for plain Optuna."""
+    return to_algorithm_kwargs(sample_zoo_form(trial, continuous))
 
 
-def _fixed_trial(params: dict[str, Any]) -> optuna.trial.FixedTrial:
-    """A FixedTrial of ``params``; the parameters added to the space later default to their old behaviour."""
+def _replay(params: dict[str, Any], recurrent: bool = False) -> dict[str, Any]:
+    """The sampler on a FixedTrial of ``params`` (action-head parameters exist only in trials on a Box action space)."""
     import optuna
 
-    # Trials from before the Beta head and per-network rates: the Gaussian head, one learning rate.
-    return optuna.trial.FixedTrial({**REPLAY_DEFAULTS, **params})
-
-
-def _replay(params: dict[str, Any]) -> dict[str, Any]:
-    # The action-head parameters exist only in trials on a Box action space.
-    return sample_zoo_form(_fixed_trial(params), continuous="squash" in params)
+    trial = optuna.trial.FixedTrial({**REPLAY_DEFAULTS, **params})
+    return sample_zoo_form(trial, continuous="squash" in params, recurrent=recurrent)
 
 
 def ppo_ext_kwargs_from_params(params: dict[str, Any]) -> dict[str, Any]:
     """PPOExt keyword arguments from a finished trial's ``params`` (e.g. ``study.best_trial.params``)."""
-    return to_ppo_ext_kwargs(_replay(params))
+    return to_algorithm_kwargs(_replay(params))
 
 
 def _ruled(name: str, value: Any) -> Any:
-    """``value``, after its row of the parameter table judged it (``policy_kwargs.<key>``: the policies' row)."""
+    """``value``, after its row of the rule table judged it (``policy_kwargs.<key>``: the policies' row)."""
     key = name.removeprefix("policy_kwargs.")
-    rule = POLICY_KWARG_RULES[key] if key != name else ALGORITHM_RULES[key]
+    rule = validation.POLICY_KWARG_RULES[key] if key != name else validation.ALGORITHM_RULES[key]
     rule.judge(name, value)
     return value
 
 
 def _power_of_two(name: str, value: Any, low: int, high: int) -> int:
-    exponent = math.log2(value) if is_int(value) and value > 0 else -1.0
+    exponent = math.log2(value) if validation.is_int(value) and value > 0 else -1.0
     if not exponent.is_integer() or not low <= exponent <= high:
-        raise InvalidSettingError(
-            f"{name}={value!r} is not a power of 2 between {2**low} and {2**high}, which the search space needs"
-        )
+        raise InvalidSettingError(f"{name}={value!r} is not a power of 2 between {2**low} and {2**high} (the search space's)")
     return int(exponent)
 
 
 def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dict[str, Any]:
     """
-    The inverse of the sampler: the trial ``params`` that reproduce a yml entry, e.g. to enqueue
-    the shipped settings as a study's first trial (``study.enqueue_trial(params)``), so that a
-    study starts from them and its best trial is never worse than them on its own measure.
+    The trial ``params`` that :func:`convert_zoo_params` replays to a yml entry's values (to enqueue the shipped
+    settings in a study); a value outside the space is an :class:`~sb3_ppo_ext.validation.InvalidSettingError`,
+    except ``ent_coef: 0.0`` (the space's ``1e-8``). Keys the space does not sample are left out.
 
-    Keys the space does not sample (``n_envs``, ``normalize``, ``vf_coef``, ...) are not
-    returned: rl-zoo3 keeps them from the entry. Values the sampler cannot produce are errors,
-    except ``ent_coef: 0.0``, which becomes the space's lower bound ``1e-8``.
-
-    :param entry: settings in rl-zoo3's yml form (``learning_rate: lin_0.001``, ``activation_fn: relu``)
+    :param entry: settings in rl-zoo3's yml form
     :param continuous: whether the env's action space is ``Box``
-    :return: trial parameters; replaying them with :func:`convert_zoo_params` gives the entry's values
-    :raises ValueError: a value outside the search space (names the key, the value and what is allowed)
     """
-    # PPOExt's own defaults, from its signature (the settings owner reads them there).
-    get: Callable[[str], Any] = {**signature_defaults(PPOExt), **entry}.get
-    learning_rate = get("learning_rate")
+    defaults = {name: parameter.default for name, parameter in inspect.signature(PPOExt).parameters.items()}
+    merged = {**defaults, **entry}
+    learning_rate = merged["learning_rate"]
     linear = isinstance(learning_rate, str) and learning_rate.startswith("lin_")
-    clip_range = get("clip_range")
-    kl_coef = float(get("kl_coef"))
+    clip_range = merged["clip_range"]
+    kl_coef = float(merged["kl_coef"])
     if clip_range is not None and not isinstance(clip_range, (int, float)):
         raise InvalidSettingError(f"clip_range={clip_range!r}: the search space has constant clip ranges only")
     params: dict[str, Any] = {
-        "n_steps_pow": _power_of_two("n_steps", get("n_steps"), 5, 11),
-        "batch_size_pow": _power_of_two("batch_size", get("batch_size"), 5, 9),
+        "n_steps_pow": _power_of_two("n_steps", merged["n_steps"], 5, 11),
+        "batch_size_pow": _power_of_two("batch_size", merged["batch_size"], 5, 9),
         # Rounded: 1 - 0.9999 is 9.99999999999889e-05 in floating point, below the space's 1e-4.
-        "one_minus_gamma": round(1.0 - float(get("gamma")), 12),
-        "one_minus_gae_lambda": round(1.0 - float(get("gae_lambda")), 12),
-        "n_epochs": check_choice("n_epochs", get("n_epochs"), N_EPOCHS),
+        "one_minus_gamma": round(1.0 - float(merged["gamma"]), 12),
+        "one_minus_gae_lambda": round(1.0 - float(merged["gae_lambda"]), 12),
+        "n_epochs": check_choice("n_epochs", merged["n_epochs"], N_EPOCHS),
         "learning_rate": float(learning_rate[len("lin_") :]) if linear else float(learning_rate),
         "lr_schedule": "linear" if linear else "constant",
-        "max_grad_norm": float(get("max_grad_norm")),
-        "ent_coef": max(float(get("ent_coef")), 1e-8),
-        "target_kl": check_choice("target_kl", get("target_kl"), TARGET_KLS),
+        "max_grad_norm": float(merged["max_grad_norm"]),
+        "ent_coef": max(float(merged["ent_coef"]), 1e-8),
+        "target_kl": check_choice("target_kl", merged["target_kl"], TARGET_KLS),
         "objective": "+".join(name for name, on in (("clip", clip_range is not None), ("kl", kl_coef > 0)) if on),
     }
     if not params["objective"]:
@@ -281,19 +218,19 @@ def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dic
         params["clip_range"] = check_choice("clip_range", clip_range, CLIP_RANGES)
     if kl_coef > 0:
         params["kl_coef"] = kl_coef
-        params["kl_adaptive"] = get("kl_target") is not None
+        params["kl_adaptive"] = merged["kl_target"] is not None
         if params["kl_adaptive"]:
-            params["kl_target"] = float(get("kl_target"))
-    clip_range_vf = get("clip_range_vf")
-    params["vf_clip"] = "none" if clip_range_vf is None else get("vf_clip_mode")
+            params["kl_target"] = float(merged["kl_target"])
+    clip_range_vf = merged["clip_range_vf"]
+    params["vf_clip"] = "none" if clip_range_vf is None else merged["vf_clip_mode"]
     if clip_range_vf is not None:
         params["clip_range_vf"] = check_choice("clip_range_vf", clip_range_vf, CLIP_RANGES_VF)
-    policy_kwargs = dict(get("policy_kwargs") or {})
+    policy_kwargs = dict(merged["policy_kwargs"] or {})
     net_arch = policy_kwargs.get("net_arch", NET_ARCHS["small"])
     names = [name for name, arch in NET_ARCHS.items() if arch == net_arch]
     if not names:
         raise InvalidSettingError(f"policy_kwargs.net_arch={net_arch!r} is not one of the search space's {NET_ARCHS}")
-    activation = activation_class(policy_kwargs.get("activation_fn", "tanh"))
+    activation = validation.activation_class(policy_kwargs.get("activation_fn", "tanh"))
     params["net_arch"] = names[0]
     params["activation_fn"] = check_choice("activation_fn", activation.__name__.lower(), ["tanh", "relu"])
     params["ortho_init"] = _ruled("policy_kwargs.ortho_init", policy_kwargs.get("ortho_init", True))
@@ -305,18 +242,16 @@ def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dic
     action_dist = _ruled("policy_kwargs.action_dist", policy_kwargs.get("action_dist", "gaussian"))
     if params["squash"]:
         params["action_dist"] = action_dist
-    if action_dist == "beta":
-        _check_in_space(params, continuous)
-        return params
-    if _ruled("use_sde", get("use_sde")):
-        params["exploration"] = "gsde"
-        params["sde_sample_freq"] = check_choice("sde_sample_freq", get("sde_sample_freq"), SDE_SAMPLE_FREQS)
-    else:
-        state_dependent = _ruled("policy_kwargs.state_dependent_std", policy_kwargs.get("state_dependent_std", False))
-        params["exploration"] = "state_dependent_std" if state_dependent else "gaussian"
-    params["log_std_init"] = float(policy_kwargs.get("log_std_init", 0.0))
-    if params["squash"]:
-        params["entropy_estimator"] = policy_kwargs.get("entropy_estimator") or "mc"
+    if action_dist != "beta":  # the Gaussian head's exploration
+        if _ruled("use_sde", merged["use_sde"]):
+            params["exploration"] = "gsde"
+            params["sde_sample_freq"] = check_choice("sde_sample_freq", merged["sde_sample_freq"], SDE_SAMPLE_FREQS)
+        else:
+            state_dependent = _ruled("policy_kwargs.state_dependent_std", policy_kwargs.get("state_dependent_std", False))
+            params["exploration"] = "state_dependent_std" if state_dependent else "gaussian"
+        params["log_std_init"] = float(policy_kwargs.get("log_std_init", 0.0))
+        if params["squash"]:
+            params["entropy_estimator"] = policy_kwargs.get("entropy_estimator") or "mc"
     _check_in_space(params, continuous)
     return params
 
@@ -344,122 +279,33 @@ def _learning_rate_params(learning_rates: Any, learning_rate: Any) -> dict[str, 
 
 
 def _check_in_space(params: dict[str, Any], continuous: bool) -> None:
-    """Replay the sampler on a throwaway trial and check every value lies in its distribution."""
+    """Replay the sampler on ``params`` and check every value lies in its distribution."""
     import optuna
 
-    verbosity = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-    finally:
-        optuna.logging.set_verbosity(verbosity)
-    study.enqueue_trial(params)
-    trial = study.ask()
+    trial = optuna.trial.FixedTrial(params)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Optuna warns about out-of-range fixed values; we raise below
+        warnings.simplefilter("ignore")  # Optuna warns about out-of-range fixed values; raised below
         sample_zoo_form(trial, continuous)
     for name, distribution in trial.distributions.items():
-        value = params[name]
-        try:
-            contained = distribution._contains(distribution.to_internal_repr(value))
-        except ValueError:
-            contained = False
-        if not contained:
-            raise InvalidSettingError(f"{name}={value!r} is outside the search space's {distribution}")
-
-
-LSTM_HIDDEN_SIZES = [16, 32, 64, 128]
-N_LSTM_LAYERS = [1, 2]
-# How the critic reads the history: its own LSTM, the actor's (shared, not trained by the value
-# loss), or no LSTM (an MLP on the observation).
-CRITIC_MEMORIES = {
-    "own_lstm": dict(enable_critic_lstm=True, shared_lstm=False),
-    "shared_lstm": dict(enable_critic_lstm=False, shared_lstm=True),
-    "mlp": dict(enable_critic_lstm=False, shared_lstm=False),
-}
-
-
-def sample_recurrent_zoo_form(trial: optuna.trial.BaseTrial, continuous: bool = True) -> dict[str, Any]:
-    """
-    Sample one RecurrentPPOExt configuration in rl-zoo3's yml form: PPOExt's space
-    (:func:`sample_zoo_form`) plus the LSTM's knobs ``lstm_hidden_size``, ``n_lstm_layers`` and
-    ``critic_memory`` (own LSTM / the actor's shared LSTM / none) in ``policy_kwargs``.
-
-    :param trial: an Optuna trial (or ``optuna.trial.FixedTrial`` to replay a trial's params)
-    :param continuous: whether the action space is ``Box``
-    :return: RecurrentPPOExt settings in yml form
-    """
-    form = sample_zoo_form(trial, continuous)
-    form["policy_kwargs"] = {
-        **form["policy_kwargs"],
-        "lstm_hidden_size": trial.suggest_categorical("lstm_hidden_size", LSTM_HIDDEN_SIZES),
-        "n_lstm_layers": trial.suggest_categorical("n_lstm_layers", N_LSTM_LAYERS),
-        **CRITIC_MEMORIES[trial.suggest_categorical("critic_memory", list(CRITIC_MEMORIES))],
-    }
-    return form
-
-
-def sample_recurrent_zoo_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
-    """rl-zoo3's ``HYPERPARAMS_SAMPLER["ppo_lstm_ext"]`` (``n_actions`` is 0 unless the action space is Box)."""
-    return to_algorithm_kwargs(sample_recurrent_zoo_form(trial, continuous=n_actions > 0))
-
-
-def convert_recurrent_zoo_params(params: dict[str, Any]) -> dict[str, Any]:
-    """rl-zoo3's ``HYPERPARAMS_CONVERTER["ppo_lstm_ext"]``: the sampler replayed on the trial's params."""
-    return sample_recurrent_zoo_form(_fixed_trial(params), continuous="squash" in params)
-
-
-def sample_maskable_zoo_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
-    """
-    rl-zoo3's ``HYPERPARAMS_SAMPLER["ppo_mask_ext"]``: PPOExt's space for discrete actions (rollout,
-    optimizer, objective with the KL penalty between masked distributions, value clipping, network);
-    MaskablePPO's action spaces are discrete, so there is no action head to sample.
-    """
-    return to_algorithm_kwargs(sample_zoo_form(trial, continuous=False))
-
-
-def convert_maskable_zoo_params(params: dict[str, Any]) -> dict[str, Any]:
-    """rl-zoo3's ``HYPERPARAMS_CONVERTER["ppo_mask_ext"]``: the sampler replayed on the trial's params."""
-    return sample_zoo_form(_fixed_trial(params), continuous=False)
+        if not distribution._contains(distribution.to_internal_repr(params[name])):
+            raise InvalidSettingError(f"{name}={params[name]!r} is outside the search space's {distribution}")
 
 
 def sample_zoo_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
-    """rl-zoo3's ``HYPERPARAMS_SAMPLER["ppo_ext"]`` (``n_actions`` is 0 unless the action space is Box)."""
+    """rl-zoo3's ``HYPERPARAMS_SAMPLER`` of ``ppo_ext`` and ``ppo_mask_ext`` (``n_actions``: 0 unless the actions are Box)."""
     return sample_ppo_ext_params(trial, continuous=n_actions > 0)
 
 
 def convert_zoo_params(params: dict[str, Any]) -> dict[str, Any]:
-    """rl-zoo3's ``HYPERPARAMS_CONVERTER["ppo_ext"]``: yml-form settings (rl-zoo3 builds the schedules)."""
+    """rl-zoo3's ``HYPERPARAMS_CONVERTER`` of ``ppo_ext`` and ``ppo_mask_ext``: yml-form settings."""
     return _replay(params)
 
 
-__all__ = [
-    "ACTIVATIONS",
-    "CLIP_RANGES",
-    "CLIP_RANGES_VF",
-    "CRITIC_MEMORIES",
-    "HEARTBEAT_INTERVAL",
-    "LSTM_HIDDEN_SIZES",
-    "MAX_RETRY",
-    "NET_ARCHS",
-    "N_EPOCHS",
-    "N_LSTM_LAYERS",
-    "SCHEDULE_KEYS",
-    "SDE_SAMPLE_FREQS",
-    "TARGET_KLS",
-    "StorageError",
-    "activation_class",
-    "convert_maskable_zoo_params",
-    "convert_recurrent_zoo_params",
-    "convert_zoo_params",
-    "make_storage",
-    "params_from_zoo_entry",
-    "ppo_ext_kwargs_from_params",
-    "sample_maskable_zoo_params",
-    "sample_ppo_ext_params",
-    "sample_recurrent_zoo_form",
-    "sample_recurrent_zoo_params",
-    "sample_zoo_form",
-    "sample_zoo_params",
-    "to_ppo_ext_kwargs",
-]
+def sample_recurrent_zoo_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
+    """rl-zoo3's ``HYPERPARAMS_SAMPLER["ppo_lstm_ext"]``: the space with the LSTM's knobs."""
+    return to_algorithm_kwargs(sample_zoo_form(trial, continuous=n_actions > 0, recurrent=True))
+
+
+def convert_recurrent_zoo_params(params: dict[str, Any]) -> dict[str, Any]:
+    """rl-zoo3's ``HYPERPARAMS_CONVERTER["ppo_lstm_ext"]``: the sampler replayed on the trial's params."""
+    return _replay(params, recurrent=True)

@@ -65,7 +65,7 @@ from types import ModuleType
 from typing import Any
 
 from sb3_ppo_ext import settings
-from sb3_ppo_ext.settings import SettingsError
+from sb3_ppo_ext.validation import InvalidSettingError
 from sb3_ppo_ext.zoo_support import (  # re-exported: the names rl-zoo3 users reach through sb3_ppo_ext.zoo
     _PATCHED,
     ALGO_NAME,
@@ -95,7 +95,7 @@ def _print_settings_errors(hook: Any) -> Any:
 
     @functools.wraps(hook)
     def excepthook(kind, error, traceback):
-        if isinstance(error, SettingsError):
+        if isinstance(error, InvalidSettingError):
             print(f"error: {error}", file=sys.stderr)
             return None
         return hook(kind, error, traceback)
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.argv = [f"python -m sb3_ppo_ext.zoo {command}", *rest]
     try:
         runpy.run_module(f"rl_zoo3.{command}", run_name="__main__", alter_sys=True)
-    except SettingsError as error:
+    except InvalidSettingError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0

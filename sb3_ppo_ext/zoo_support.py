@@ -18,7 +18,7 @@ from types import ModuleType
 from typing import Any
 
 from sb3_ppo_ext import settings
-from sb3_ppo_ext.settings import SettingsError
+from sb3_ppo_ext.validation import InvalidSettingError, activation_class
 
 ALGO_NAME = "ppo_ext"
 
@@ -37,7 +37,7 @@ ZOO_RESERVED_KWARGS = settings.RESERVED_KEYS - {"_init_setup_model"}
 _PATCHED = "_sb3_ppo_ext_patched"
 
 
-class ZooConfigError(SettingsError):
+class ZooConfigError(InvalidSettingError):
     """A setting of one of our algorithms on the rl-zoo3 route is invalid, or its Optuna storage cannot be opened."""
 
 
@@ -75,11 +75,11 @@ def raise_problems(problems: list[str], algo: str, where: str) -> None:
 def resolve_activation(hyperparams: dict[str, Any]) -> dict[str, Any]:
     """
     The settings with an activation name in ``policy_kwargs`` (``activation_fn: tanh``) made the
-    torch class (:func:`sb3_ppo_ext.settings.activation_class`), without ``eval``; a new dict if changed.
+    torch class (:func:`sb3_ppo_ext.validation.activation_class`), without ``eval``; a new dict if changed.
     """
     policy_kwargs = hyperparams.get("policy_kwargs")
     if isinstance(policy_kwargs, dict) and isinstance(policy_kwargs.get("activation_fn"), str):
-        activation = settings.activation_class(policy_kwargs["activation_fn"])
+        activation = activation_class(policy_kwargs["activation_fn"])
         hyperparams = {**hyperparams, "policy_kwargs": {**policy_kwargs, "activation_fn": activation}}
     return hyperparams
 

@@ -13,7 +13,7 @@ Many machines, one study on PostgreSQL (run on each machine; every worker runs `
 On a database storage, a worker that dies mid-trial (SIGKILL, preemption) stops sending its
 trial's heartbeat; once ``--grace-period`` seconds have passed, the next worker that starts a trial
 marks it FAIL and re-queues its parameters (Optuna's heartbeat, see
-``sb3_ppo_ext.samplers.make_storage``). ``--max-total-trials`` makes every worker stop when the
+``sb3_ppo_ext.storage.make_storage``). ``--max-total-trials`` makes every worker stop when the
 study as a whole has that many finished trials, so the study reaches its size even if workers die.
 
 Each trial trains PPOExt for ``--n-timesteps`` steps, evaluates it ``--n-evaluations`` times
@@ -38,7 +38,8 @@ from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_ppo_ext import NonFiniteLossError, PPOExt
 from sb3_ppo_ext.callbacks import OptunaPruningCallback
-from sb3_ppo_ext.samplers import HEARTBEAT_INTERVAL, StorageError, make_storage, sample_ppo_ext_params
+from sb3_ppo_ext.samplers import sample_ppo_ext_params
+from sb3_ppo_ext.storage import HEARTBEAT_INTERVAL, StorageError, make_storage
 
 DEFAULT_STORAGE = "ppo_ext_study.log"
 

@@ -31,7 +31,8 @@ import optuna
 import yaml
 
 from sb3_ppo_ext.hyperparams import PPO_EXT_YML, load_hyperparams
-from sb3_ppo_ext.samplers import convert_zoo_params, make_storage, params_from_zoo_entry
+from sb3_ppo_ext.samplers import convert_zoo_params, params_from_zoo_entry
+from sb3_ppo_ext.storage import make_storage
 
 SHIPPED_ATTR = "shipped_entry"
 # Finished (complete or pruned) trials a study needs for its best trial to be called tuned.

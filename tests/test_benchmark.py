@@ -193,7 +193,7 @@ def test_tanh_variant_changes_only_the_activation():
 def test_gaussian_variant_keeps_the_shipped_policy_kwargs_but_the_squashed_heads():
     from sb3_ppo_ext import PPOExt
     from sb3_ppo_ext.hyperparams import load_hyperparams
-    from sb3_ppo_ext.settings import to_algorithm_kwargs
+    from sb3_ppo_ext.validation import to_algorithm_kwargs
 
     # The tuned Hopper-v5 entry sets the squashed head's entropy estimator, which a Gaussian head rejects.
     shipped = load_hyperparams("Hopper-v5")["policy_kwargs"]
@@ -244,7 +244,7 @@ def test_gaussian_heads_without_gsde_change_only_the_noise_model():
 def test_beta_variant_keeps_the_shipped_settings_but_the_gaussian_heads(env_id):
     from sb3_ppo_ext import PPOExt
     from sb3_ppo_ext.hyperparams import load_hyperparams
-    from sb3_ppo_ext.settings import to_algorithm_kwargs
+    from sb3_ppo_ext.validation import to_algorithm_kwargs
 
     shipped = load_hyperparams(env_id).get("policy_kwargs") or {}
     merged = entries.zoo_overrides(env_id, suites.ALGOS["ppo_ext_beta"][1])

@@ -222,7 +222,7 @@ def test_zoo_env_backend_gymnasium_runs_the_same_entry_on_gymnasium(tmp_path):
     [
         (
             dict(hyperparams={"env_backend": "envpol"}),
-            r"in -params: 'env_backend: 'envpol'' is invalid: expected one of gymnasium, envpool",
+            r"in -params: env_backend='envpol' is invalid: expected one of \('gymnasium', 'envpool'\)",
         ),
         (dict(vec_env_type="subproc"), r"--vec-env SubprocVecEnv does not apply to env_backend: envpool"),
         (

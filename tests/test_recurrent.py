@@ -216,7 +216,7 @@ def test_recurrent_bad_input():
 def test_every_shipped_ppo_lstm_ext_entry_passes_the_settings_check_and_builds():
     import yaml
 
-    from sb3_ppo_ext import settings
+    from sb3_ppo_ext import settings, validation
 
     path = settings.ALGORITHMS["ppo_lstm_ext"].hyperparams
     entries = yaml.safe_load(path.read_text())
@@ -225,7 +225,7 @@ def test_every_shipped_ppo_lstm_ext_entry_passes_the_settings_check_and_builds()
         assert settings.entry_problems(entry, "ppo_lstm_ext") == [], env_id
         if entry["policy"] != "MlpLstmPolicy":
             continue
-        kwargs = settings.to_algorithm_kwargs(
+        kwargs = validation.to_algorithm_kwargs(
             {k: v for k, v in entry.items() if k in settings.algorithm_parameters(RecurrentPPOExt)}
         )
         kwargs.pop("policy")

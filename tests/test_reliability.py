@@ -248,10 +248,10 @@ def test_observation_space_change_between_save_and_load(saved_model: Path):
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("Pendulum-v1:\n  n_epochs: ten\n", r"'n_epochs: 'ten'' is a str \(a string: quote marks"),
-        ("Pendulum-v1:\n  n_steps: 64.5\n", "'n_steps: 64.5' is not a whole number"),
-        ("Pendulum-v1:\n  normalize_advantage: 1.0\n", "'normalize_advantage: 1.0' is a float, expected bool"),
-        ("Pendulum-v1:\n  n_envs: [1]\n", "'n_envs: \\[1\\]' is a list, expected int"),
+        ("Pendulum-v1:\n  n_epochs: ten\n", r"n_epochs='ten' is invalid: expected an int >= 1"),
+        ("Pendulum-v1:\n  n_steps: 64.5\n", r"n_steps=64\.5 is invalid: expected an int >= 1"),
+        ("Pendulum-v1:\n  normalize_advantage: 1.0\n", "normalize_advantage=1.0 is invalid: expected True or False"),
+        ("Pendulum-v1:\n  n_envs: [1]\n", r"n_envs=\[1\] is invalid: expected an int >= 1"),
         ("Pendulum-v1:\n  kl_targt: 0.01\n", r"unknown key 'kl_targt' \(did you mean 'kl_target'\?\)"),
         ("Pendulum-v1: [1, 2]\n", "expected a mapping of settings, got list"),
         ("- a\n- b\n", "expected a mapping of env ids to settings, got list"),
@@ -267,7 +267,7 @@ def test_bad_hyperparameter_file_is_a_clear_error(tmp_path: Path, text: str, mes
 
 
 def test_zoo_check_names_wrong_types():
-    with pytest.raises(ZooConfigError, match=r"from x.yml \(env E\): 'batch_size: '64'' is a str"):
+    with pytest.raises(ZooConfigError, match=r"from x.yml \(env E\): batch_size='64' is invalid: expected an int"):
         check_hyperparams({"batch_size": "64", "learning_rate": lambda _: 1e-3}, "x.yml (env E)")
     assert check_hyperparams({"learning_rate": "lin_0.001", "clip_range": None, "kl_coef_bounds": [0.1, 10]}, "x")
 

@@ -17,16 +17,14 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 from sb3_ppo_ext import PPOExt
 from sb3_ppo_ext.hyperparams import PPO_EXT_YML
 from sb3_ppo_ext.samplers import (
-    StorageError,
-    activation_class,
     convert_zoo_params,
-    make_storage,
     params_from_zoo_entry,
     ppo_ext_kwargs_from_params,
     sample_ppo_ext_params,
     sample_zoo_form,
-    to_ppo_ext_kwargs,
 )
+from sb3_ppo_ext.storage import StorageError, make_storage
+from sb3_ppo_ext.validation import activation_class, to_algorithm_kwargs
 from sb3_ppo_ext.zoo import ZooConfigError, check_hyperparams
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -67,7 +65,7 @@ def envs():
 def test_200_sampled_configurations_construct(sampled, envs):
     assert len(sampled) == 200
     for _, settings, continuous in sampled:
-        model = PPOExt("MlpPolicy", envs[continuous], device="cpu", **to_ppo_ext_kwargs(settings))
+        model = PPOExt("MlpPolicy", envs[continuous], device="cpu", **to_algorithm_kwargs(settings))
         assert (model.n_steps, model.batch_size, model.n_epochs) == (
             settings["n_steps"],
             settings["batch_size"],
@@ -81,7 +79,7 @@ def test_20_sampled_configurations_learn_one_iteration(sampled):
     for trial, settings, continuous in sampled[:N_LEARN]:
         tiny = {**settings, "n_steps": min(settings["n_steps"], 128), "batch_size": min(settings["batch_size"], 128)}
         env = DummyVecEnv([lambda continuous=continuous: gym.make("Pendulum-v1" if continuous else "CartPole-v1")])
-        model = PPOExt("MlpPolicy", env, device="cpu", seed=trial.number, **to_ppo_ext_kwargs(tiny))
+        model = PPOExt("MlpPolicy", env, device="cpu", seed=trial.number, **to_algorithm_kwargs(tiny))
         model.learn(total_timesteps=model.n_steps)
         assert model._n_updates > 0, trial.params
         env.close()
@@ -217,7 +215,7 @@ def test_yml_entry_is_valid(env_id):
 @pytest.mark.parametrize("env_id", ["Pendulum-v1", "MountainCarContinuous-v0", "CartPole-v1", "Acrobot-v1"])
 def test_yml_entry_constructs(env_id):
     entry = {k: v for k, v in _yml_entries()[env_id].items() if k not in ZOO_ONLY_KEYS}
-    PPOExt(env=DummyVecEnv([lambda: gym.make(env_id)]), device="cpu", **to_ppo_ext_kwargs(check_hyperparams(entry, env_id)))
+    PPOExt(env=DummyVecEnv([lambda: gym.make(env_id)]), device="cpu", **to_algorithm_kwargs(check_hyperparams(entry, env_id)))
 
 
 def test_check_hyperparams_names_unknown_and_reserved():
@@ -325,7 +323,7 @@ def test_params_from_entry_replay_the_head_and_the_learning_rates(policy_kwargs,
     if expected is not None:
         as_float = lambda rate: float(rate[4:]) if isinstance(rate, str) else rate  # noqa: E731
         assert got["pi"] == expected["pi"] and as_float(got["vf"]) == pytest.approx(as_float(expected["vf"]), rel=1e-12)
-    PPOExt("MlpPolicy", "Pendulum-v1", device="cpu", **to_ppo_ext_kwargs(replayed))
+    PPOExt("MlpPolicy", "Pendulum-v1", device="cpu", **to_algorithm_kwargs(replayed))
 
 
 def test_trials_from_before_the_head_and_rate_parameters_replay_as_before(sampled):

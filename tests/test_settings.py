@@ -8,20 +8,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sb3_ppo_ext import MaskablePPOExt, RecurrentPPOExt, settings
+from sb3_ppo_ext import MaskablePPOExt, RecurrentPPOExt, settings, validation
 from sb3_ppo_ext.hyperparams import HyperparamsError, load_hyperparams
-from sb3_ppo_ext.settings import SettingsError, check_entry, entry_problems, policy_parameters
-from sb3_ppo_ext.validation import InvalidSettingError
+from sb3_ppo_ext.settings import check_entry, entry_problems
+from sb3_ppo_ext.validation import InvalidSettingError, policy_parameters
 
 ENTRY_ERRORS = [
-    ({"learning_rate": "abc"}, r"'learning_rate: 'abc'' is neither a number nor a linear schedule"),
+    ({"learning_rate": "abc"}, r"learning_rate='abc' is invalid: expected a number or a 'lin_<x>' schedule"),
     ({"learning_rate": "3e-4"}, r"PyYAML reads 3e-4 as a string"),
-    ({"learning_rate": "lin_-1"}, r"'learning_rate: 'lin_-1'' is neither"),
-    ({"n_envs": 0}, r"'n_envs: 0' is invalid: expected an int >= 1"),
-    ({"n_epochs": 2.0}, r"'n_epochs: 2.0' is a float, expected int"),
+    ({"learning_rate": "lin_-1"}, r"learning_rate='lin_-1' is invalid"),
+    ({"n_envs": 0}, r"n_envs=0 is invalid: expected an int >= 1"),
+    ({"n_epochs": 2.0}, r"n_epochs=2.0 is invalid: expected an int >= 1 \(a float: write it without a decimal point\)"),
     ({"n_epochs": 0}, r"n_epochs=0 is invalid: expected an int >= 1"),
-    ({"frame_stack": True}, r"'frame_stack: True' is a bool, expected int"),
-    ({"n_timesteps": "1e6"}, r"'n_timesteps: '1e6'' is a str"),
+    ({"frame_stack": True}, r"frame_stack=True is invalid: expected an int >= 1"),
+    ({"n_timesteps": "1e6"}, r"n_timesteps='1e6' is invalid: expected a whole number"),
+    ({"batch_size": "64"}, r"batch_size='64' is invalid: expected an int >= 1 \(a string: PyYAML reads"),
     ({"gamma": 1.5}, r"gamma=1.5 is invalid"),
     ({"kl_coef": 1.0, "kl_target": float("inf")}, r"kl_target=inf is invalid"),
     ({"kl_target": 0.01}, r"kl_target=0.01 needs kl_coef > 0"),
@@ -33,18 +34,21 @@ ENTRY_ERRORS = [
     ({"policy_kwargs": {"activation_fn": "swish"}}, r"activation_fn='swish' is not one of"),
     ({"policy_kwargs": {"net_arch": [64, 0]}}, r"policy_kwargs.net_arch: \[64, 0\]' is invalid"),
     ({"policy_kwargs": {"entropy_estimator": "exact"}}, r"policy_kwargs.entropy_estimator='exact' is invalid"),
-    ({"policy_kwargs": {"log_std_init": "big"}}, r"'policy_kwargs.log_std_init: 'big'' is a str"),
+    ({"policy_kwargs": {"log_std_init": "big"}}, r"policy_kwargs.log_std_init='big' is invalid: expected a finite number"),
+    ({"policy_kwargs": {"squash_output": False, "entropy_estimator": "mc"}}, r"entropy_estimator='mc' only applies to the"),
+    ({"policy_kwargs": {"log_std_bounds": (-3, 1)}}, r"log_std_bounds=\(-3, 1\) only applies with state_dependent_std"),
+    ({"policy_kwargs": {"state_dependent_std": True, "log_std_bounds": (1, 2)}}, r"log_std_init=0.0 must lie strictly inside"),
     ({"policy_kwargs": "dict(net_arch=[64], activaton_fn=nn.ReLU)"}, r"unknown key 'activaton_fn' in policy_kwargs"),
     ({"policy_kwargs": "dict(net_arch=[64"}, r"'policy_kwargs: .*' is not a Python expression"),
     ({"policy_kwargs": {"use_sde": True}}, r"unknown key 'use_sde' in policy_kwargs"),
     ({"normalize": "dict(norm_obs=False, norm_rewrd=True)"}, r"unknown key 'norm_rewrd' in normalize"),
-    ({"normalize": "true"}, r"'normalize: 'true'' is invalid"),
+    ({"normalize": "true"}, r"normalize='true' is invalid"),
     ({"seed": 1}, r"'seed' is set by rl-zoo3 itself"),
     ({"kl_targt": 0.1}, r"unknown key 'kl_targt' \(did you mean 'kl_target'\?\)"),
 ]
 
 
-# RecurrentPPOExt's LSTM policy_kwargs, and log_std_init, judged by their rows of parameters.POLICY_KWARG_RULES.
+# RecurrentPPOExt's LSTM policy_kwargs, and log_std_init, judged by their rows of validation.POLICY_KWARG_RULES.
 LSTM_POLICY_KWARG_ERRORS = [
     ({"lstm_hidden_size": 0}, r"policy_kwargs\.lstm_hidden_size=0 is invalid: expected an int >= 1"),
     ({"n_lstm_layers": 0}, r"policy_kwargs\.n_lstm_layers=0 is invalid: expected an int >= 1"),
@@ -64,7 +68,7 @@ LSTM_POLICY_KWARG_ERRORS = [
 def test_lstm_policy_kwargs_are_checked_by_the_settings_and_at_construction(policy_kwargs, message):
     from sb3_ppo_ext import RecurrentPPOExt
 
-    with pytest.raises(SettingsError, match=rf"^x\.yml \(entry 'E'\): {message}"):
+    with pytest.raises(InvalidSettingError, match=rf"^x\.yml \(entry 'E'\): {message}"):
         check_entry({"policy": "MlpLstmPolicy", "policy_kwargs": policy_kwargs}, "x.yml (entry 'E')", "ppo_lstm_ext")
     with pytest.raises(InvalidSettingError, match=rf"^{message}"):
         RecurrentPPOExt("MlpLstmPolicy", "Pendulum-v1", n_steps=16, batch_size=16, policy_kwargs=policy_kwargs, device="cpu")
@@ -74,20 +78,20 @@ def test_lstm_policy_kwargs_are_checked_by_the_settings_and_at_construction(poli
 
 @pytest.mark.parametrize("entry, message", ENTRY_ERRORS)
 def test_bad_entry_names_source_and_key(entry, message):
-    with pytest.raises(SettingsError, match=rf"^x\.yml \(entry 'E'\): .*{message}"):
+    with pytest.raises(InvalidSettingError, match=rf"^x\.yml \(entry 'E'\): .*{message}"):
         check_entry({"policy": "MlpPolicy", **entry}, "x.yml (entry 'E')")
 
 
 def test_errors_are_value_and_assertion_errors():
-    assert issubclass(SettingsError, ValueError) and issubclass(SettingsError, AssertionError)
-    assert issubclass(SettingsError, InvalidSettingError) and HyperparamsError is SettingsError
+    assert issubclass(InvalidSettingError, ValueError) and issubclass(InvalidSettingError, AssertionError)
+    assert HyperparamsError is InvalidSettingError
 
 
 def test_entry_that_is_not_a_mapping(tmp_path: Path):
     path = tmp_path / "bad.yml"
     path.write_text("Pendulum-v1: 5\n")
     message = rf"{re.escape(str(path))} \(entry 'Pendulum-v1'\): expected a mapping of settings, got int 5"
-    with pytest.raises(SettingsError, match=message):
+    with pytest.raises(InvalidSettingError, match=message):
         load_hyperparams("Pendulum-v1", path)
 
 
@@ -167,7 +171,7 @@ def test_settings_are_parameterised_by_the_algorithm_class(
 
 
 # The Beta head's and the per-network learning rates' policy_kwargs, judged by the policies' own checks
-# (parameters.POLICY_KWARG_RULES and check_policy_kwargs_together): the settings check and construction agree.
+# (validation.POLICY_KWARG_RULES and check_policy_kwargs_together): the settings check and construction agree.
 HEAD_AND_RATE_ERRORS = [
     ({"action_dist": "gamma"}, r"policy_kwargs\.action_dist='gamma' is invalid: expected one of \('gaussian', 'beta'\)"),
     (
@@ -195,7 +199,7 @@ HEAD_AND_RATE_ERRORS = [
 @pytest.mark.parametrize("algo", ["ppo_ext", "ppo_lstm_ext"])
 def test_head_and_learning_rates_are_checked_by_the_settings_and_at_construction(policy_kwargs, message, algo):
     policy = "MlpLstmPolicy" if algo == "ppo_lstm_ext" else "MlpPolicy"
-    with pytest.raises(SettingsError, match=rf"^x\.yml \(entry 'E'\): {message}"):
+    with pytest.raises(InvalidSettingError, match=rf"^x\.yml \(entry 'E'\): {message}"):
         check_entry({"policy": policy, "policy_kwargs": policy_kwargs}, "x.yml (entry 'E')", algo)
     algorithm = settings.algorithm_spec(algo).algorithm
     with pytest.raises(InvalidSettingError, match=rf"^{message}"):
@@ -205,7 +209,7 @@ def test_head_and_learning_rates_are_checked_by_the_settings_and_at_construction
 def test_head_and_learning_rates_from_a_yml_entry_build_and_train():
     entry = {"policy": "MlpPolicy", "policy_kwargs": "dict(action_dist='beta', learning_rates={'pi': 'lin_3e-4', 'vf': 1e-3})"}
     assert check_entry(entry, "x") == entry
-    kwargs = settings.to_algorithm_kwargs(
+    kwargs = validation.to_algorithm_kwargs(
         {"policy_kwargs": dict(action_dist="beta", learning_rates={"pi": "lin_3e-4", "vf": 1e-3})}
     )
     from sb3_ppo_ext import PPOExt

@@ -12,10 +12,10 @@ from gymnasium import spaces
 from stable_baselines3 import PPO
 
 from sb3_ppo_ext import PPOExt
-from sb3_ppo_ext.parameters import check_arguments
 from sb3_ppo_ext.policies import CnnPolicy, MlpPolicy
 from sb3_ppo_ext.validation import (
     InvalidSettingError,
+    check_arguments,
     check_bool,
     check_int,
     check_number_or_schedule,

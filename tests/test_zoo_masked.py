@@ -124,15 +124,15 @@ def test_evaluation_callbacks_are_rl_zoo3s_again_after_a_masked_run(tmp_path: Pa
 def test_maskable_sampler_and_converter_agree_and_build_a_model():
     import optuna
 
-    from sb3_ppo_ext.samplers import convert_maskable_zoo_params, sample_maskable_zoo_params
-    from sb3_ppo_ext.settings import to_algorithm_kwargs
+    from sb3_ppo_ext.samplers import convert_zoo_params, sample_zoo_params
+    from sb3_ppo_ext.validation import to_algorithm_kwargs
 
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
     for _ in range(8):
         trial = study.ask()
-        kwargs = sample_maskable_zoo_params(trial, n_actions=0, n_envs=1, additional_args={})
+        kwargs = sample_zoo_params(trial, n_actions=0, n_envs=1, additional_args={})
         assert "use_sde" not in kwargs and "squash_output" not in kwargs["policy_kwargs"]
-        replayed = to_algorithm_kwargs(convert_maskable_zoo_params(trial.params))
+        replayed = to_algorithm_kwargs(convert_zoo_params(trial.params))
         assert replayed.keys() == kwargs.keys()
         assert {k: v for k, v in replayed.items() if not callable(v)} == {k: v for k, v in kwargs.items() if not callable(v)}
         kwargs.update(n_steps=32, batch_size=32)

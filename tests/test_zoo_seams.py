@@ -227,15 +227,15 @@ def test_each_settings_entry_is_read_and_checked_once(tmp_path: Path, monkeypatc
     calls: list[tuple[str, bool]] = []
     whole_checks: list[dict] = []
     opened: list[str] = []
-    entry_problems, whole_entry_problems, open_file = settings.entry_problems, settings._whole_entry_problems, builtins.open
+    entry_problems, whole_entry_problems, open_file = settings.entry_problems, settings.whole_entry_problems, builtins.open
 
     def spy_entry_problems(entry, algo="ppo_ext", whole=True):
         calls.append(("-params" if set(entry) == {"n_envs", "n_steps", "batch_size"} else "entry", whole))
         return entry_problems(entry, algo, whole)
 
-    def spy_whole(spec, parameters, entry):
+    def spy_whole(entry, algo="ppo_ext"):
         whole_checks.append(dict(entry))
-        return whole_entry_problems(spec, parameters, entry)
+        return whole_entry_problems(entry, algo)
 
     def spy_open(file, *args, **kwargs):
         if str(file).endswith(".yml") and "hyperparams" in str(file):
@@ -247,7 +247,7 @@ def test_each_settings_entry_is_read_and_checked_once(tmp_path: Path, monkeypatc
         hyperparams={"n_envs": 1, "n_steps": 64, "batch_size": 32},
     )  # fmt: skip
     monkeypatch.setattr(settings, "entry_problems", spy_entry_problems)
-    monkeypatch.setattr(settings, "_whole_entry_problems", spy_whole)
+    monkeypatch.setattr(settings, "whole_entry_problems", spy_whole)
     monkeypatch.setattr(builtins, "open", spy_open)
     model, _ = manager.setup_experiment()
     monkeypatch.undo()

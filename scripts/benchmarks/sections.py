@@ -306,7 +306,7 @@ def tuning_section(suites: str | list[str], yml: Path, studies: list[tuple[str, 
         import optuna
         from zoo_study import study_status  # scripts/zoo_study.py: scripts/ is on sys.path (the CLI's folder)
 
-        from sb3_ppo_ext.samplers import make_storage
+        from sb3_ppo_ext.storage import make_storage
 
         lines += ["", "Studies read from their storage when this report was written:", ""]
         for storage, name in studies:

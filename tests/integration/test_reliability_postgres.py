@@ -19,7 +19,7 @@ import optuna
 import pytest
 from helpers import REPO_ROOT, run_and_sigkill
 
-from sb3_ppo_ext.samplers import make_storage
+from sb3_ppo_ext.storage import make_storage
 
 HEARTBEAT, GRACE = 1, 3
 TOTAL = 2

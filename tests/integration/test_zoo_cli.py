@@ -25,11 +25,11 @@ from helpers import run_with_hook
 from sb3_ppo_ext import PPOExt
 
 ZOO_CASES = {
-    "schedule": ("--env Pendulum-v1 --conf-file conf.yml", "conf.yml (entry 'Pendulum-v1'): 'learning_rate: 'abc''"),
+    "schedule": ("--env Pendulum-v1 --conf-file conf.yml", "conf.yml (entry 'Pendulum-v1'): learning_rate='abc' is invalid"),
     "not a mapping": ("--env CartPole-v1 --conf-file conf.yml", "conf.yml (entry 'CartPole-v1'): expected a mapping"),
     "-params typo": ("--env Pendulum-v1 -params n_epoch:2", "in -params: unknown key 'n_epoch' (did you mean 'n_epochs'?)"),
-    "-params float int": ("--env Pendulum-v1 -params n_epochs:2.0", "in -params: 'n_epochs: 2.0' is a float, expected int"),
-    "-params zero": ("--env Pendulum-v1 -params n_envs:0", "in -params: 'n_envs: 0' is invalid"),
+    "-params float int": ("--env Pendulum-v1 -params n_epochs:2.0", "in -params: n_epochs=2.0 is invalid: expected an int"),
+    "-params zero": ("--env Pendulum-v1 -params n_envs:0", "in -params: n_envs=0 is invalid"),
     "-params string bool": (
         "--env Pendulum-v1 -params policy_kwargs:\"dict(squash_output='false')\"",
         "in -params: policy_kwargs.squash_output='false' is invalid",

@@ -21,7 +21,9 @@ from helpers import REPO_ROOT
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 from sb3_ppo_ext import PPOExt
-from sb3_ppo_ext.samplers import StorageError, make_storage, ppo_ext_kwargs_from_params, to_ppo_ext_kwargs
+from sb3_ppo_ext.samplers import ppo_ext_kwargs_from_params
+from sb3_ppo_ext.storage import StorageError, make_storage
+from sb3_ppo_ext.validation import to_algorithm_kwargs
 
 # This module: concurrent worker processes, PostgreSQL.
 
@@ -102,7 +104,7 @@ def test_zoo_optimize_workers_share_one_study(postgres_url: str, tmp_path: Path)
     manager = ExperimentManager.__new__(ExperimentManager)
     manager.algo = "ppo_ext"
     settings = manager.load_trial(postgres_url, study_name)  # the best trial, converted for the zoo's yml form
-    _train_briefly(to_ppo_ext_kwargs(settings))
+    _train_briefly(to_algorithm_kwargs(settings))
 
     # The command-line route: train with a finished trial's settings (rl-zoo3 ignores --trial-id 0).
     study = optuna.load_study(study_name=study_name, storage=make_storage(postgres_url))
