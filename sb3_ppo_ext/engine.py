@@ -50,7 +50,7 @@ from sb3_ppo_ext.distributions import (
     mean_std,
     torch_distributions,
 )
-from sb3_ppo_ext.files import LOADING, Loading
+from sb3_ppo_ext.reliability import LOADING, Loading
 from sb3_ppo_ext.optim import OptimizerStep
 from sb3_ppo_ext.reliability import ModelFileError
 

@@ -468,7 +468,7 @@ BREAKAGES = {
     "not_a_zip": (lambda f: (f / NEWEST_ZIP).write_text("garbage"), "wasn't a zip-file"),
     "truncated_pkl": (lambda f: (f / NEWEST_PKL).write_bytes((f / NEWEST_PKL).read_bytes()[:100]), "cannot be read"),
     "nan_statistics": (lambda f: _nan_statistics(f / NEWEST_PKL), r"non-finite VecNormalize statistics \(ret_rms\.var\)"),
-    "nan_weights": (lambda f: _nan_weights(f / NEWEST_ZIP), r"non-finite weights \(policy\."),
+    "nan_weights": (lambda f: _nan_weights(f / NEWEST_ZIP), r"non-finite weights or optimizer state \(policy\."),
     "missing_pkl": (lambda f: (f / NEWEST_PKL).unlink(), r"statistics rl_model_vecnormalize_96_steps\.pkl are missing"),
 }
 
