@@ -140,10 +140,8 @@ class KLAdaptiveLR(_AfterUpdateCallback):
         measured = self._measured_kl()
         if measured is None:
             wanted = self.kl_key or "'train/kl' or 'train/approx_kl'"
-            raise ValueError(
-                f"KLAdaptiveLR(kl_key={self.kl_key!r}): the update recorded no {wanted}; "
-                f"{type(self.model).__name__} does not log that KL (A2C logs none)"
-            )
+            model = type(self.model).__name__
+            raise ValueError(f"KLAdaptiveLR(kl_key={self.kl_key!r}): the update recorded no {wanted}; {model} logs no such KL")
         key, kl = measured
         if not math.isfinite(kl):
             return
@@ -218,14 +216,14 @@ class ParameterScheduler(BaseCallback):
             return float(schedule(progress_remaining))
         return schedule(float(self.model.num_timesteps) if schedule.by == "timesteps" else 1.0 - progress_remaining)
 
-    def _apply(self) -> None:
+    def _on_rollout_end(self) -> None:  # just before the update
         for name in self.schedules:
             value = self.value(name)
             problem = scheduled_value_problem(name, value)
             if problem is not None:  # a callable schedule, which cannot be checked in advance
+                steps = self.model.num_timesteps
                 raise InvalidSettingError(
-                    f"ParameterScheduler: schedules[{name!r}] gives {name}={value!r} at {self.model.num_timesteps} steps; "
-                    f"{name}: {problem}"
+                    f"ParameterScheduler: schedules[{name!r}] gives {name}={value!r} at {steps} steps; {name}: {problem}"
                 )
             if name == "learning_rate":
                 self.model.learning_rate = value
@@ -244,11 +242,7 @@ class ParameterScheduler(BaseCallback):
         if self.verbose >= 1:
             print(f"ParameterScheduler at {self.model.num_timesteps} steps: {self.current_values}")
 
-    def _on_training_start(self) -> None:
-        self._apply()
-
-    def _on_rollout_end(self) -> None:
-        self._apply()
+    _on_training_start = _on_rollout_end
 
     def _on_step(self) -> bool:
         return True
@@ -364,9 +358,9 @@ class TrainingHealthGuard(_AfterUpdateCallback):
             setattr(self.model.get_vec_normalize_env(), name, statistics)
         problems = model_state_problems(self.model)
         if problems:  # an update on NaN losses (stock PPO, A2C): the next action needs those weights
+            advice = "nothing to save or to train on; resume from the newest checkpoint of AtomicCheckpointCallback"
             raise FloatingPointError(
-                f"TrainingHealthGuard at {self.model.num_timesteps} steps: {'; '.join(problems)} after the update, nothing "
-                "to save or to train on; resume from the newest checkpoint of AtomicCheckpointCallback (reliability.resume)"
+                f"TrainingHealthGuard at {self.model.num_timesteps} steps: {'; '.join(problems)}; {advice}"
             )
         folder = self.save_path or self.logger.get_dir()
         if folder is None:
@@ -398,7 +392,8 @@ class TrainingHealthGuard(_AfterUpdateCallback):
         for what, largest in (("rewards", reward), ("values", value)):
             if not math.isfinite(largest):
                 return float("nan"), f"non-finite {what} from the environment or policy"
-        if any(non_finite_entries(info.get("terminal_observation")) for info in self.locals.get("infos") or []):
+        infos = self.locals.get("infos") or []
+        if any(non_finite_entries(info["terminal_observation"]) for info in infos if "terminal_observation" in info):
             return float("nan"), "non-finite terminal observation"
         gamma = float(getattr(self.model, "gamma", 0.99))
         n_steps = int(getattr(self.model, "n_steps", 1))
@@ -479,12 +474,7 @@ class ActionMonitor(BaseCallback):
 
     @staticmethod
     def _moments(actions: np.ndarray) -> dict[str, np.ndarray]:
-        return {
-            "mean": actions.mean(axis=0),
-            "std": actions.std(axis=0),
-            "min": actions.min(axis=0),
-            "max": actions.max(axis=0),
-        }
+        return {name: getattr(actions, name)(axis=0) for name in ("mean", "std", "min", "max")}
 
     def action_stats(self, actions: np.ndarray) -> dict[str, np.ndarray]:
         """``mean``, ``std``, ``min``, ``max``, ``at_low``, ``at_high``, ``at_bounds`` per dimension of ``actions``
@@ -630,12 +620,8 @@ class HParamsCallback(BaseCallback):
 
     def _on_training_start(self) -> None:
         if _tensorboard_writer(self) is None:
-            warnings.warn(
-                f"HParamsCallback: {type(self.model).__name__} has no TensorBoard logger, so nothing is written; pass "
-                'tensorboard_log=... (pip install ".[tensorboard]") or rl-zoo3\'s --tensorboard-log',
-                HParamsWarning,
-                stacklevel=2,
-            )
+            message = f"HParamsCallback: {type(self.model).__name__} has no TensorBoard logger, so nothing is written"
+            warnings.warn(f"{message}; pass tensorboard_log=... (pip install '.[tensorboard]')", HParamsWarning, stacklevel=2)
         metric_dict = {metric: 0.0 for metric in self.metrics}
         self.logger.record("hparams", HParam(self.hparam_dict(), metric_dict), exclude=("stdout", "log", "json", "csv"))
 
@@ -668,7 +654,6 @@ __all__ = [
     "HParamsWarning",
     "KLAdaptiveLR",
     "OptunaPruningCallback",
-    "ParameterSchedule",
     "ParameterScheduler",
     "TrainingHealthGuard",
     "TrainingHealthWarning",

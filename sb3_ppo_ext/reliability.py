@@ -30,7 +30,7 @@ from stable_baselines3.common.running_mean_std import RunningMeanStd
 from stable_baselines3.common.type_aliases import GymEnv
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
-from sb3_ppo_ext.validation import InvalidSettingError
+from sb3_ppo_ext.validation import check_int
 
 AlgorithmT = TypeVar("AlgorithmT", bound=BaseAlgorithm)
 FileT = TypeVar("FileT", bound=IO[bytes] | io.BufferedIOBase)  # SB3 loads from both kinds of file object
@@ -53,29 +53,23 @@ class CheckpointWarning(RuntimeWarning):
     """A checkpoint was not written (non-finite state) or was skipped by :func:`resume` (broken)."""
 
 
-# --- non-finite values -------------------------------------------------------------------------
-
-
 def non_finite_entries(value: object, name: str = "") -> list[str]:
-    """The names (``name`` extended by dict keys and list positions) of the NaN / inf tensors, arrays and numbers in
-    ``value``, a (nested) dict / list / tuple of them; anything else counts as finite."""
-    if isinstance(value, Mapping):
-        return [entry for key, item in value.items() for entry in non_finite_entries(item, f"{name}.{key}" if name else key)]
-    if isinstance(value, (list, tuple)):
-        return [entry for index, item in enumerate(value) for entry in non_finite_entries(item, f"{name}[{index}]")]
-    if isinstance(value, th.Tensor):
-        finite = not value.is_floating_point() or bool(th.isfinite(value).all())
-    elif isinstance(value, (float, np.floating, np.ndarray)):
+    """The names (``name`` extended by dict keys and list positions) of the NaN / inf tensors, arrays, numbers and
+    running statistics in ``value``, a (nested) dict / list / tuple of them; anything else counts as finite."""
+    if isinstance(value, (np.ndarray, float, np.floating)):  # first: the health guard checks each step's observations
         finite = not np.issubdtype(np.asarray(value).dtype, np.floating) or bool(np.isfinite(value).all())
+    elif isinstance(value, th.Tensor):
+        finite = not value.is_floating_point() or bool(th.isfinite(value).all())
+    elif isinstance(value, RunningMeanStd):
+        return non_finite_entries({"mean": value.mean, "var": value.var}, name)
+    elif isinstance(value, Mapping):
+        named = {f"{name}.{key}" if name else str(key): item for key, item in value.items()}
+        return [entry for key, item in named.items() for entry in non_finite_entries(item, key)]
+    elif isinstance(value, (list, tuple)):
+        return [entry for index, item in enumerate(value) for entry in non_finite_entries(item, f"{name}[{index}]")]
     else:
         return []
     return [] if finite else [name or "value"]
-
-
-def _moments(rms: RunningMeanStd | Mapping[str, RunningMeanStd] | None) -> object:
-    if isinstance(rms, Mapping):  # dict observations
-        return {key: _moments(item) for key, item in rms.items()}
-    return None if rms is None else {"mean": rms.mean, "var": rms.var}
 
 
 def model_state_problems(model: BaseAlgorithm) -> list[str]:
@@ -86,18 +80,14 @@ def model_state_problems(model: BaseAlgorithm) -> list[str]:
     if weights:
         problems.append(f"non-finite weights or optimizer state ({_listed(weights)})")
     stats = model.get_vec_normalize_env()
-    if stats is not None:
-        moments = {"obs_rms": _moments(getattr(stats, "obs_rms", None)), "ret_rms": _moments(getattr(stats, "ret_rms", None))}
-        if non_finite_entries(moments):
-            problems.append(f"non-finite VecNormalize statistics ({_listed(non_finite_entries(moments))})")
+    statistics = non_finite_entries({name: getattr(stats, name, None) for name in ("obs_rms", "ret_rms")})
+    if statistics:
+        problems.append(f"non-finite VecNormalize statistics ({_listed(statistics)})")
     return problems
 
 
 def _listed(names: list[str], limit: int = 4) -> str:
     return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
-
-
-# --- atomic writes -----------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
@@ -133,9 +123,6 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[io.BufferedWriter]:
             os.close(folder)
 
 
-# --- checkpoints -------------------------------------------------------------------------------
-
-
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
     """One checkpoint on disk: its step count, model file and ``VecNormalize`` statistics (if saved)."""
@@ -166,8 +153,7 @@ class AtomicCheckpointCallback(CheckpointCallback):
         keep_last: int | None = None,
         verbose: int = 0,
     ):
-        if keep_last is not None and not (isinstance(keep_last, int) and keep_last >= 1):
-            raise InvalidSettingError(f"keep_last={keep_last!r} is invalid: expected an int >= 1 or None")
+        keep_last = None if keep_last is None else check_int("keep_last", keep_last)
         super().__init__(save_freq, save_path, name_prefix=name_prefix, save_vecnormalize=save_vecnormalize, verbose=verbose)
         self.keep_last = keep_last
 
@@ -305,8 +291,6 @@ def resume(
     raise ModelFileError(f"resume: no usable checkpoint in {save_path}: " + "; ".join(skipped))
 
 
-# --- model files -------------------------------------------------------------------------------
-
 # The families sharing PPO's attributes are told apart by the saved policy class's module, else (this package's
 # policies all live in sb3_ppo_ext.policies) by its name, which the class's pickle holds as a string.
 _FAMILY_OF_POLICY_MODULE = (
@@ -440,8 +424,6 @@ def check_model_file(path: str | os.PathLike[str] | FileT, algorithm: str, accep
 def _label(file: object) -> str:
     return str(getattr(file, "name", None) or f"<{type(file).__name__}>")
 
-
-# --- save and load of the Ext algorithms -------------------------------------------------------
 
 # The attribute through which ``load`` hands its keyword arguments to ``_setup_model``, which removes it.
 LOADING = "_sb3_ppo_ext_loading"
