@@ -325,8 +325,10 @@ class TrainingHealthGuard(_AfterUpdateCallback):
 
     def _init_callback(self) -> None:
         super()._init_callback()
-        targets = (self.kl_target, getattr(self.model, "target_kl", None), getattr(self.model, "kl_target", None))
-        self._kl_target = next((float(value) for value in targets if is_real(value) and value > 0), None)
+        model_targets = (getattr(self.model, "target_kl", 0.0), getattr(self.model, "kl_target", 0.0))
+        self._kl_target = self.kl_target or next(
+            (float(value) for value in model_targets if is_real(value) and value > 0), None
+        )
         self._stop_pending = False
 
     def _check_update(self) -> None:
@@ -499,11 +501,11 @@ class ActionMonitor(BaseCallback):
             for dim, item in enumerate(value if key != "at_bounds_all" else []):
                 self.logger.record(f"actions/{key}_{dim}", float(item))
         writer = _tensorboard_writer(self) if self.histograms else None
-        for dim in range(env_actions.shape[1]) if writer is not None else []:
-            writer.add_histogram(f"actions/dim_{dim}", env_actions[:, dim], self.num_timesteps)
-            if pre_squash is not None:
-                writer.add_histogram(f"actions/pre_squash_dim_{dim}", pre_squash[:, dim], self.num_timesteps)
         if writer is not None:
+            for dim in range(env_actions.shape[1]):
+                writer.add_histogram(f"actions/dim_{dim}", env_actions[:, dim], self.num_timesteps)
+                if pre_squash is not None:
+                    writer.add_histogram(f"actions/pre_squash_dim_{dim}", pre_squash[:, dim], self.num_timesteps)
             writer.flush()
 
 
@@ -639,9 +641,9 @@ class HParamsCallback(BaseCallback):
     def _on_training_end(self) -> None:
         self._on_rollout_end()
         writer = _tensorboard_writer(self)
-        for metric, value in self.final_metrics.items() if writer is not None else []:
-            writer.add_scalar(metric, value, self.num_timesteps)
         if writer is not None:
+            for metric, value in self.final_metrics.items():
+                writer.add_scalar(metric, value, self.num_timesteps)
             writer.flush()
 
     def _on_step(self) -> bool:

@@ -75,15 +75,12 @@ def non_finite_entries(value: object, name: str = "") -> list[str]:
 def model_state_problems(model: BaseAlgorithm) -> list[str]:
     """The non-finite parts of what a checkpoint of ``model`` holds (weights, optimizer state, ``VecNormalize``
     statistics), e.g. ``["non-finite VecNormalize statistics (ret_rms.var)"]``."""
-    problems = []
-    weights = non_finite_entries(model.get_parameters())
-    if weights:
-        problems.append(f"non-finite weights or optimizer state ({_listed(weights)})")
     stats = model.get_vec_normalize_env()
-    statistics = non_finite_entries({name: getattr(stats, name, None) for name in ("obs_rms", "ret_rms")})
-    if statistics:
-        problems.append(f"non-finite VecNormalize statistics ({_listed(statistics)})")
-    return problems
+    found = {
+        "weights or optimizer state": non_finite_entries(model.get_parameters()),
+        "VecNormalize statistics": non_finite_entries({name: getattr(stats, name, None) for name in ("obs_rms", "ret_rms")}),
+    }
+    return [f"non-finite {what} ({_listed(names)})" for what, names in found.items() if names]
 
 
 def _listed(names: list[str], limit: int = 4) -> str:
@@ -104,10 +101,8 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[io.BufferedWriter]:
     file = os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), "wb")
     try:
         with file:
-            with contextlib.suppress(FileNotFoundError):
-                mode = stat.S_IMODE(os.stat(target).st_mode)
-                if hasattr(os, "fchmod"):
-                    os.fchmod(file.fileno(), mode)
+            with contextlib.suppress(FileNotFoundError, AttributeError):  # a new file; no os.fchmod (Windows)
+                os.fchmod(file.fileno(), stat.S_IMODE(os.stat(target).st_mode))
             yield file
             file.flush()
             os.fsync(file.fileno())
