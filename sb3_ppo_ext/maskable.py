@@ -20,13 +20,13 @@ from stable_baselines3.common.vec_env import VecEnv
 from sb3_ppo_ext.buffers import PiOldMaskableDictRolloutBuffer, PiOldMaskableRolloutBuffer
 from sb3_ppo_ext.engine import ExtUpdateEngine, extension_arguments, flat_observations, flat_rollout, index_observations
 from sb3_ppo_ext.envs import masks_of, without_masks
-from sb3_ppo_ext.reliability import ModelFiles
 from sb3_ppo_ext.parameters import check_arguments
 from sb3_ppo_ext.policies import (  # the policies live in sb3_ppo_ext.policies; these names keep old files loading
     MaskablePPOExtCnnPolicy,
     MaskablePPOExtMultiInputPolicy,
     MaskablePPOExtPolicy,
 )
+from sb3_ppo_ext.reliability import ModelFiles
 
 SelfMaskablePPOExt = TypeVar("SelfMaskablePPOExt", bound="MaskablePPOExt")
 

@@ -20,7 +20,6 @@ from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppo_ext.buffers import PI_OLD_BUFFERS
 from sb3_ppo_ext.engine import ExtUpdateEngine, extension_arguments
-from sb3_ppo_ext.reliability import ModelFiles
 from sb3_ppo_ext.parameters import check_arguments
 from sb3_ppo_ext.policies import (  # the policies live in sb3_ppo_ext.policies; these names keep old files loading
     RecurrentPPOExtCnnPolicy,
@@ -30,6 +29,7 @@ from sb3_ppo_ext.policies import (  # the policies live in sb3_ppo_ext.policies;
 from sb3_ppo_ext.policies import (
     SquashedActionsWarning as SquashedActionsWarning,  # re-exported: its old import path
 )
+from sb3_ppo_ext.reliability import ModelFiles
 
 SelfRecurrentPPOExt = TypeVar("SelfRecurrentPPOExt", bound="RecurrentPPOExt")
 
