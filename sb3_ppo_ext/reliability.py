@@ -10,7 +10,6 @@ import dataclasses
 import io
 import json
 import os
-import pathlib
 import pickle
 import re
 import secrets
@@ -441,7 +440,7 @@ class ModelFiles:
 
     def save(
         self,
-        path: str | pathlib.Path | io.BufferedIOBase,
+        path: str | Path | io.BufferedIOBase,
         exclude: Iterable[str] | None = None,
         include: Iterable[str] | None = None,
     ) -> None:
@@ -461,7 +460,7 @@ class ModelFiles:
     @classmethod
     def load(
         cls,
-        path: str | pathlib.Path | io.BufferedIOBase,
+        path: str | Path | io.BufferedIOBase,
         env: GymEnv | None = None,
         device: th.device | str = "auto",
         custom_objects: dict[str, Any] | None = None,
