@@ -50,9 +50,8 @@ from sb3_ppo_ext.distributions import (
     mean_std,
     torch_distributions,
 )
-from sb3_ppo_ext.files import LOADING, Loading
 from sb3_ppo_ext.optim import OptimizerStep
-from sb3_ppo_ext.reliability import ModelFileError
+from sb3_ppo_ext.reliability import LOADING, Loading, ModelFileError
 
 # Threshold on |a| (in [-1, 1] units) above which a squashed action component counts as saturated.
 SATURATION_THRESHOLD = 0.99

@@ -24,8 +24,8 @@ from stable_baselines3.common.vec_env import VecEnv
 from sb3_ppo_ext.buffers import PiOldMaskableDictRolloutBuffer, PiOldMaskableRolloutBuffer
 from sb3_ppo_ext.engine import ExtUpdateEngine, extension_arguments, flat_observations, flat_rollout, index_observations
 from sb3_ppo_ext.envs import masks_of, without_masks
-from sb3_ppo_ext.files import ModelFiles
 from sb3_ppo_ext.policies import MaskablePPOExtCnnPolicy, MaskablePPOExtMultiInputPolicy, MaskablePPOExtPolicy
+from sb3_ppo_ext.reliability import ModelFiles
 from sb3_ppo_ext.validation import ALGORITHM_RULES, check_arguments
 
 SelfMaskablePPOExt = TypeVar("SelfMaskablePPOExt", bound="MaskablePPOExt")

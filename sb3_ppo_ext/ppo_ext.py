@@ -16,8 +16,8 @@ from stable_baselines3.common.type_aliases import (
 
 from sb3_ppo_ext.buffers import PiOldDictRolloutBuffer, PiOldRolloutBuffer
 from sb3_ppo_ext.engine import ExtUpdateEngine, NonFiniteLossError, extension_arguments
-from sb3_ppo_ext.files import ModelFiles
 from sb3_ppo_ext.policies import CnnPolicy, MlpPolicy, MultiInputPolicy
+from sb3_ppo_ext.reliability import ModelFiles
 from sb3_ppo_ext.validation import check_arguments
 
 SelfPPOExt = TypeVar("SelfPPOExt", bound="PPOExt")

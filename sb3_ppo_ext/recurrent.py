@@ -22,8 +22,8 @@ from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppo_ext.buffers import PI_OLD_BUFFERS
 from sb3_ppo_ext.engine import ExtUpdateEngine, extension_arguments
-from sb3_ppo_ext.files import ModelFiles
 from sb3_ppo_ext.policies import RecurrentPPOExtCnnPolicy, RecurrentPPOExtMultiInputPolicy, RecurrentPPOExtPolicy
+from sb3_ppo_ext.reliability import ModelFiles
 from sb3_ppo_ext.validation import ALGORITHM_RULES, check_arguments
 
 SelfRecurrentPPOExt = TypeVar("SelfRecurrentPPOExt", bound="RecurrentPPOExt")

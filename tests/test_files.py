@@ -1,4 +1,4 @@
-"""The algorithms' model files (sb3_ppo_ext.files).
+"""The algorithms' model files (ModelFiles in sb3_ppo_ext.reliability).
 
 Foreign, truncated and in-memory files; ``load`` running the constructor's checks; saved settings
 checked; the beta carried on, or not, at load.

@@ -142,9 +142,13 @@ def test_resume_without_checkpoint_is_clear(tmp_path: Path):
         resume(PPOExt, tmp_path, DummyVecEnv([lambda: gym.make("Pendulum-v1")]))
 
 
-def test_keep_last_is_checked():
-    with pytest.raises(ValueError, match="keep_last=0"):
-        AtomicCheckpointCallback(1, "x", keep_last=0)
+@pytest.mark.parametrize("keep_last", [0, "2", 1.5])
+def test_keep_last_is_checked(keep_last):
+    """A string or a float was a TypeError or accepted; each is an InvalidSettingError naming the value."""
+    from sb3_ppo_ext.validation import InvalidSettingError
+
+    with pytest.raises(InvalidSettingError, match=f"keep_last={keep_last!r} is invalid: expected an int >= 1"):
+        AtomicCheckpointCallback(1, "x", keep_last=keep_last)
 
 
 # --- corrupt and foreign model files -----------------------------------------------------------
@@ -468,7 +472,7 @@ BREAKAGES = {
     "not_a_zip": (lambda f: (f / NEWEST_ZIP).write_text("garbage"), "wasn't a zip-file"),
     "truncated_pkl": (lambda f: (f / NEWEST_PKL).write_bytes((f / NEWEST_PKL).read_bytes()[:100]), "cannot be read"),
     "nan_statistics": (lambda f: _nan_statistics(f / NEWEST_PKL), r"non-finite VecNormalize statistics \(ret_rms\.var\)"),
-    "nan_weights": (lambda f: _nan_weights(f / NEWEST_ZIP), r"non-finite weights \(policy\."),
+    "nan_weights": (lambda f: _nan_weights(f / NEWEST_ZIP), r"non-finite weights or optimizer state \(policy\."),
     "missing_pkl": (lambda f: (f / NEWEST_PKL).unlink(), r"statistics rl_model_vecnormalize_96_steps\.pkl are missing"),
 }
 

@@ -88,7 +88,7 @@ def test_storage_error_shows_no_part_of_any_password(url: str, shown: str):
 def test_password_free_urls_are_shown_whole():
     for url in ("sqlite:///study.db", "postgresql://user@db-host:5432/optuna?sslmode=require", "postgresql://u:p%40ss@h/db"):
         expected = url.replace(":p%40ss@", ":***@")
-        assert storage._mask_password(url) == expected
+        assert storage._url_secrets(url)[0] == expected
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")  # study.ask()
