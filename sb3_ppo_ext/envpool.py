@@ -23,10 +23,6 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnvIndices, VecEnvO
 
 from sb3_ppo_ext.validation import InvalidSettingError, check_int
 
-INSTALL_HINT = 'pip install "sb3-ppo-ext[envpool]"'
-
-_INT32_MAX = 2**31 - 1
-
 _BOOKKEEPING_KEYS = ("env_id", "players")  # EnvPool's own info keys, not per-env values of the task
 _NO_PYTHON = "EnvPool's environments have no Python attributes or methods"
 _NO_RENDER = "rendering is not supported; render on gymnasium's env of the same task"
@@ -37,7 +33,7 @@ def require_envpool() -> ModuleType:
     try:
         import envpool
     except ImportError:
-        raise ImportError(f"EnvPool is not installed: {INSTALL_HINT}") from None
+        raise ImportError('EnvPool is not installed: pip install "sb3-ppo-ext[envpool]"') from None
     return envpool
 
 
@@ -59,7 +55,6 @@ class EnvPoolVecEnv(VecEnv):
             raise InvalidSettingError(f"task={task!r} is not an EnvPool task; envpool.list_all_envs() lists them")
         num_envs = check_int("num_envs", num_envs)
         self.task, self.num_threads, self.make_kwargs = task, num_threads, make_kwargs
-        self._make = envpool.make_gymnasium
         self.pool = self._make_pool(num_envs, seed)
         action_space = self.pool.action_space
         if isinstance(action_space, spaces.Box) and action_space.dtype == np.float64:
@@ -73,8 +68,10 @@ class EnvPoolVecEnv(VecEnv):
         self._start = time.time()
 
     def _make_pool(self, num_envs: int, seed: int) -> Any:
-        seed = int(seed) % _INT32_MAX  # EnvPool takes int32 seeds; SB3 and rl-zoo3 draw seeds up to 2**32 - 1
-        return self._make(self.task, num_envs=num_envs, num_threads=self.num_threads, seed=seed, **self.make_kwargs)
+        seed = int(seed) % (2**31 - 1)  # EnvPool takes int32 seeds; SB3 and rl-zoo3 draw seeds up to 2**32 - 1
+        return require_envpool().make_gymnasium(
+            self.task, num_envs=num_envs, num_threads=self.num_threads, seed=seed, **self.make_kwargs
+        )
 
     def reset(self) -> VecEnvObs:
         """Reset every env; seeds given by :meth:`seed` take effect here (the pool is rebuilt with them)."""

@@ -13,6 +13,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from sb3_contrib.common.maskable.utils import get_action_masks, is_masking_supported
 from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper
 from stable_baselines3.common.vec_env.base_vec_env import VecEnvObs, VecEnvStepReturn
 
@@ -31,23 +32,22 @@ class ActionMaskFromInfo(gym.Wrapper):
         self.key = key
         self._masks: np.ndarray | None = None
 
-    def _keep(self, info: dict[str, Any]) -> None:
+    def _keep(self, info: dict[str, Any]) -> dict[str, Any]:
         if self.key not in info:
             raise ValueError(
                 f"ActionMaskFromInfo: the environment {self.env.spec.id if self.env.spec else self.env!r} reported no "
                 f"info[{self.key!r}] (info keys: {sorted(info)}); expected the action mask of the state it returned"
             )
         self._masks = np.asarray(info[self.key], dtype=bool)
+        return info
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         obs, info = self.env.reset(**kwargs)
-        self._keep(info)
-        return obs, info
+        return obs, self._keep(info)
 
     def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.env.step(action)
-        self._keep(info)
-        return obs, reward, terminated, truncated, info
+        return obs, reward, terminated, truncated, self._keep(info)
 
     def action_masks(self) -> np.ndarray:
         """The mask of the current state (``True``: the action is allowed)."""
@@ -105,23 +105,16 @@ class MaskedObservations(VecEnvWrapper):
     """
 
     def __init__(self, venv: VecEnv):
-        from sb3_contrib.common.maskable.utils import is_masking_supported
-
         if not is_masking_supported(venv):
             raise ValueError(f"MaskedObservations: the environments of {type(venv).__name__} provide no action_masks()")
         super().__init__(venv)
 
-    def _masks(self) -> np.ndarray:
-        from sb3_contrib.common.maskable.utils import get_action_masks
-
-        return get_action_masks(self.venv)
-
     def reset(self) -> VecEnvObs:
-        return with_masks(self.venv.reset(), self._masks())
+        return with_masks(self.venv.reset(), get_action_masks(self.venv))
 
     def step_wait(self) -> VecEnvStepReturn:
         observations, rewards, dones, infos = self.venv.step_wait()
-        return with_masks(observations, self._masks()), rewards, dones, infos
+        return with_masks(observations, get_action_masks(self.venv)), rewards, dones, infos
 
 
 # sb3-contrib's masked test environments as gymnasium ids (for rl-zoo3's --env): id -> gymnasium.register's arguments.

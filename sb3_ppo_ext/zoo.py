@@ -1,13 +1,11 @@
 """This package's algorithms in rl-zoo3, and ``python -m sb3_ppo_ext.zoo``: the route that needs no startup hook.
 
-rl-zoo3 has no plugin interface. The startup hook (``sb3_ppo_ext_zoo_hook``) hands each rl-zoo3 module below to
-:func:`on_zoo_module_imported` right after it has run (:func:`register` does all at once), which binds, before
-``train``, ``enjoy`` and ``record_video`` import them: in ``rl_zoo3.utils``, our algorithms in ``ALGOS``,
-``StoreDict`` (``-params``) to a subclass for which a malformed value is an argparse error, and ``create_test_env``
-to a wrapper that gives a masked algorithm's ``enjoy`` an env whose observations carry their masks; in
-``rl_zoo3.hyperparams_opt``, our samplers and converters; in ``rl_zoo3.exp_manager``, ``ExperimentManager`` to
-:class:`sb3_ppo_ext.zoo_manager.PPOExtExperimentManager`. Each seam acts only for this package's algorithms
-(:func:`is_ours`). Importing this module imports neither rl_zoo3 nor optuna.
+rl-zoo3 has no plugin interface: the startup hook (``sb3_ppo_ext_zoo_hook``) calls :func:`on_zoo_module_imported`
+right after each rl-zoo3 module below has run (:func:`register`: all at once), which binds, before ``train``,
+``enjoy`` and ``record_video`` import them: ``ALGOS`` entries, ``StoreDict`` (``-params`` errors) and
+``create_test_env`` (masks for ``enjoy``) in ``rl_zoo3.utils``; samplers in ``rl_zoo3.hyperparams_opt``;
+``ExperimentManager`` in ``rl_zoo3.exp_manager`` (:class:`sb3_ppo_ext.zoo_manager.PPOExtExperimentManager`).
+Each seam acts only for this package's algorithms. Importing this module imports neither rl_zoo3 nor optuna.
 """
 
 from __future__ import annotations
@@ -19,7 +17,10 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from sb3_contrib.common.maskable.utils import is_masking_supported
+
 from sb3_ppo_ext import settings
+from sb3_ppo_ext.envs import MaskedObservations, register_envs
 from sb3_ppo_ext.settings import SettingsError
 
 if TYPE_CHECKING:
@@ -38,10 +39,7 @@ class ZooConfigError(SettingsError):
 
 
 def check_hyperparams(hyperparams: dict[str, Any], source: str, algo: str = "ppo_ext") -> dict[str, Any]:
-    """
-    The settings of a yml entry checked (:class:`ZooConfigError` naming ``source`` and each problem), with an
-    activation name made the torch class (:func:`resolve_activation`).
-    """
+    """A yml entry checked (a :class:`ZooConfigError` naming ``source`` and each problem), activation names resolved."""
     raise_problems(settings.entry_problems(hyperparams, algo), algo, f"from {source}")
     return resolve_activation(hyperparams)
 
@@ -73,15 +71,9 @@ def is_masked(algo: str | None) -> bool:
 
 def masked_env(env: VecEnv, algo: str, env_id: str, carry_masks: bool) -> VecEnv:
     """
-    ``env``, checked for ``action_masks()``; with ``carry_masks`` (``enjoy``, ``record_video``: their loops call
-    ``predict(obs)`` without masks) wrapped in :class:`sb3_ppo_ext.envs.MaskedObservations`.
-
-    :raises ZooConfigError: when the env provides no ``action_masks()``
+    ``env``, checked for ``action_masks()`` (a :class:`ZooConfigError` naming the env); with ``carry_masks`` wrapped in
+    :class:`sb3_ppo_ext.envs.MaskedObservations` (for ``enjoy``, whose loop calls ``predict(obs)`` without masks).
     """
-    from sb3_contrib.common.maskable.utils import is_masking_supported
-
-    from sb3_ppo_ext.envs import MaskedObservations
-
     if not is_masking_supported(env):
         raise ZooConfigError(
             f"--algo {algo} needs action masks, but the env {env_id} provides no action_masks(): give it a wrapper that "
@@ -100,9 +92,6 @@ def settings_errors_end_the_command() -> Iterator[None]:
         raise SystemExit(f"error: {error}") from error
 
 
-# --- rl_zoo3.utils, rl_zoo3.hyperparams_opt, rl_zoo3.exp_manager --------------------------------
-
-
 def _command_line_algo(namespace: argparse.Namespace | None) -> str | None:
     """The ``--algo`` of the command line (read from ``sys.argv``: ``-params`` may be parsed before ``--algo``)."""
     import argparse
@@ -117,10 +106,7 @@ def _command_line_algo(namespace: argparse.Namespace | None) -> str | None:
 
 
 class _ParseErrors:
-    """
-    Mixed into rl-zoo3's ``StoreDict``: for our algorithms a value that rl-zoo3's ``eval`` cannot read is an
-    argparse error (usage line, exit status 2) naming it; for other algorithms the error propagates as in rl-zoo3.
-    """
+    """Mixed into rl-zoo3's ``StoreDict``: for our algorithms a value rl-zoo3 cannot read is an argparse error."""
 
     def __call__(
         self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: list[str], option: Any = None
@@ -153,8 +139,6 @@ def _masked_test_envs(create_test_env: Callable[..., VecEnv]) -> Callable[..., V
 
 
 def _register_algo(utils: ModuleType) -> None:
-    from sb3_ppo_ext.envs import register_envs
-
     register_envs()
     for name, spec in settings.ALGORITHMS.items():
         utils.ALGOS.setdefault(name, spec.algorithm)
@@ -188,9 +172,8 @@ _REGISTRARS = {
 
 def on_zoo_module_imported(name: str, module: ModuleType) -> None:
     """Register at the seam of the rl-zoo3 module ``name`` that has just been imported."""
-    registrar = _REGISTRARS.get(name)
-    if registrar is not None:
-        registrar(module)
+    if name in _REGISTRARS:
+        _REGISTRARS[name](module)
 
 
 def register() -> None:
@@ -200,8 +183,6 @@ def register() -> None:
     for name, registrar in _REGISTRARS.items():
         registrar(importlib.import_module(name))
 
-
-# --- python -m sb3_ppo_ext.zoo -----------------------------------------------------------------
 
 COMMANDS = ("train", "enjoy", "record_video", "record_training")
 USAGE = f"""usage: python -m sb3_ppo_ext.zoo {{{",".join(COMMANDS)}}} [rl-zoo3 arguments ...]

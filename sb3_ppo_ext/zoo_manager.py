@@ -1,10 +1,8 @@
 """rl-zoo3's ``ExperimentManager`` for this package's algorithms: :class:`PPOExtExperimentManager`.
 
-A module of its own because a subclass needs its base when it is defined: this module imports
-``rl_zoo3.exp_manager``, and :mod:`sb3_ppo_ext.zoo` imports it only once that module has run, then binds
-``rl_zoo3.exp_manager.ExperimentManager`` to the subclass before ``rl_zoo3.train`` (``enjoy``,
-``record_video``) imports the name. rl-zoo3's own class (:data:`UPSTREAM`) is not changed. Every override calls
-rl-zoo3's method through ``super()``; for rl-zoo3's own algorithms it does nothing else.
+A module of its own because a subclass needs its base when it is defined: :mod:`sb3_ppo_ext.zoo` imports it once
+``rl_zoo3.exp_manager`` has run and binds ``rl_zoo3.exp_manager.ExperimentManager`` to the subclass. Every override
+calls rl-zoo3's method through ``super()``; for rl-zoo3's own algorithms it does nothing else.
 """
 
 from __future__ import annotations
@@ -26,9 +24,13 @@ from rl_zoo3.callbacks import TrialEvalCallback
 from rl_zoo3.exp_manager import ExperimentManager as UPSTREAM  # rl-zoo3's class (imported before ours is bound)
 from sb3_contrib.common.maskable.callbacks import MaskableEvalCallback
 from stable_baselines3.common.callbacks import BaseCallback, CheckpointCallback
-from stable_baselines3.common.vec_env import VecEnv
+from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecFrameStack, VecNormalize
 
 from sb3_ppo_ext import settings, zoo
+from sb3_ppo_ext.callbacks import KLAdaptiveLR
+from sb3_ppo_ext.envpool import EnvPoolVecEnv, require_envpool
+from sb3_ppo_ext.reliability import AtomicCheckpointCallback
+from sb3_ppo_ext.storage import HEARTBEAT_INTERVAL, StorageError, make_storage
 
 if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
@@ -36,14 +38,14 @@ if TYPE_CHECKING:
 
 class PPOExtExperimentManager(UPSTREAM):
     """
-    rl-zoo3's ``ExperimentManager`` that knows this package's algorithms (``--algo ppo_ext``, ``ppo_lstm_ext``,
-    ``ppo_mask_ext``): their shipped yml as the default ``--conf-file``; their settings checked before anything is
-    written; ``-optimize`` on a storage with heartbeats; masked evaluation; EnvPool training envs (``env_backend``);
-    atomic ``--save-freq`` checkpoints and ``-i`` resumed from them. A settings error of a run ends the command with
-    one ``error:`` line (:func:`sb3_ppo_ext.zoo.settings_errors_end_the_command`). The arguments are rl-zoo3's.
+    rl-zoo3's ``ExperimentManager`` that knows this package's algorithms: their shipped yml as the default
+    ``--conf-file``, their settings checked before anything is written, ``-optimize`` on a storage with heartbeats,
+    masked evaluation, EnvPool training envs, atomic ``--save-freq`` checkpoints and ``-i`` resumed from them.
     """
 
     _sb3_ppo_ext_patched = True  # marks the installed class
+    _storage: optuna.storages.RDBStorage | None = None  # -optimize's, opened by setup_experiment
+    _env_backend = "gymnasium"
 
     def __init__(self, *args: Any, **kwargs: Any):
         """rl-zoo3's ``__init__``; the default ``--conf-file`` of our algorithms is the yml shipped in this package."""
@@ -51,8 +53,6 @@ class PPOExtExperimentManager(UPSTREAM):
         spec = settings.ALGORITHMS.get(self.algo)
         if kwargs.get("config") is None and spec is not None and spec.hyperparams is not None:
             self.config = str(spec.hyperparams)
-
-    # --- settings, each source checked once ------------------------------------------------------
 
     def read_hyperparameters(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """
@@ -87,14 +87,13 @@ class PPOExtExperimentManager(UPSTREAM):
 
     def _preprocess_hyperparams(self, hyperparams: dict[str, Any]) -> Any:
         """
-        rl-zoo3's preprocessing; for our algorithms ``env_backend`` is read, ``clip_range: null`` / ``clip_range_vf:
-        null`` ("off") pass through, activation names become torch classes, and a ``policy_kwargs`` string rl-zoo3
-        evaluated or a policy class it imported by name is checked.
+        rl-zoo3's preprocessing; for ours ``env_backend`` is read, ``clip_range: null`` ("off") passes through,
+        activation names become torch classes, and ``policy_kwargs`` that rl-zoo3 evaluated or imported are checked.
         """
         if not zoo.is_ours(self.algo):
             return super()._preprocess_hyperparams(hyperparams)
         hyperparams = dict(hyperparams)
-        self._sb3_ppo_ext_env_backend = _checked_env_backend(self, hyperparams.pop("env_backend", "gymnasium"), hyperparams)
+        self._env_backend = _checked_env_backend(self, hyperparams.pop("env_backend", "gymnasium"), hyperparams)
         off: dict[str, Any] = {
             key: None for key in ("clip_range", "clip_range_vf") if key in hyperparams and hyperparams[key] is None
         }
@@ -107,12 +106,10 @@ class PPOExtExperimentManager(UPSTREAM):
             zoo.raise_problems(settings.entry_problems(part, self.algo, whole=False), self.algo, where)
         return (zoo.resolve_activation({**processed, **off}), *rest)
 
-    # --- the run folder and the Optuna storage --------------------------------------------------
-
     def setup_experiment(self) -> tuple[BaseAlgorithm, dict[str, Any]] | None:
         """
-        rl-zoo3's ``setup_experiment``; for our algorithms the Optuna storage of ``-optimize`` is opened first, and a
-        run folder (or empty ``<log-folder>/<algo>``) made by a failed run is removed: it would be the "latest" run.
+        rl-zoo3's ``setup_experiment``; for ours the storage of ``-optimize`` is opened first, a settings error ends the
+        command with one line, and a run folder made by a failed run is removed (it would be the "latest" run).
         """
         if not zoo.is_ours(self.algo):
             return super().setup_experiment()
@@ -120,7 +117,7 @@ class PPOExtExperimentManager(UPSTREAM):
         try:
             with zoo.settings_errors_end_the_command():
                 if self.optimize_hyperparameters:
-                    self._sb3_ppo_ext_storage = check_storage(self.storage)
+                    self._storage = check_storage(self.storage)
                 return super().setup_experiment()
         except BaseException:
             if not existed:
@@ -138,16 +135,15 @@ class PPOExtExperimentManager(UPSTREAM):
 
     def hyperparameters_optimization(self) -> None:
         """
-        rl-zoo3's ``-optimize``; for our algorithms on the storage of :func:`check_storage` (with
-        heartbeats: ``--max-total-trials`` counts no dead worker's trial, :class:`TrialBudgetCallback`),
-        each trial of a masked algorithm evaluated with masks; a run folder without a model is removed afterwards.
+        rl-zoo3's ``-optimize``; for ours on the storage of :func:`check_storage` (``--max-total-trials`` counts no dead
+        worker's trial), masked trials evaluated with masks, and a run folder without a model removed afterwards.
         """
         if not zoo.is_ours(self.algo):
             super().hyperparameters_optimization()
             return
         url, names = self.storage, {}
         try:
-            storage = getattr(self, "_sb3_ppo_ext_storage", None) or check_storage(url)
+            storage = self._storage or check_storage(url)
             if storage is not None:
                 interval = storage.get_heartbeat_interval()
                 if interval and self.max_total_trials is not None:
@@ -162,11 +158,9 @@ class PPOExtExperimentManager(UPSTREAM):
             if not any(name.endswith(".zip") for *_, files in os.walk(self.save_path) for name in files):
                 shutil.rmtree(self.save_path, ignore_errors=True)
 
-    # --- envs, checkpoints and resuming -------------------------------------------------------
-
     def create_envs(self, n_envs: int, eval_env: bool = False, no_log: bool = False) -> VecEnv:
         """rl-zoo3's envs; training envs from EnvPool with ``env_backend: envpool``; checked for masks if masked."""
-        if not eval_env and getattr(self, "_sb3_ppo_ext_env_backend", None) == "envpool":
+        if not eval_env and self._env_backend == "envpool":
             env = _envpool_env(self, n_envs)
         else:
             env = super().create_envs(n_envs, eval_env=eval_env, no_log=no_log)
@@ -184,8 +178,6 @@ class PPOExtExperimentManager(UPSTREAM):
         stats = _checkpoint_vec_normalize(self.trained_agent) if zoo.is_ours(self.algo) else None
         if stats is None:
             return super()._maybe_normalize(env, eval_env)
-        from stable_baselines3.common.vec_env import VecNormalize
-
         print(f"Loading the checkpoint's VecNormalize stats {stats}")
         normalized = VecNormalize.load(stats, env)
         if eval_env:
@@ -194,11 +186,8 @@ class PPOExtExperimentManager(UPSTREAM):
 
     def _load_pretrained_agent(self, hyperparams: dict[str, Any], env: VecEnv) -> BaseAlgorithm:
         """rl-zoo3's ``-i``; with a :class:`~sb3_ppo_ext.callbacks.KLAdaptiveLR`, the learning rate is the checkpoint's."""
-        if zoo.is_ours(self.algo):
-            from sb3_ppo_ext.callbacks import KLAdaptiveLR
-
-            if any(isinstance(callback, KLAdaptiveLR) for callback in self.callbacks):
-                hyperparams = {k: v for k, v in hyperparams.items() if k != "learning_rate"}  # adapted state, like beta
+        if zoo.is_ours(self.algo) and any(isinstance(callback, KLAdaptiveLR) for callback in self.callbacks):
+            hyperparams = {k: v for k, v in hyperparams.items() if k != "learning_rate"}  # adapted state, like beta
         return super()._load_pretrained_agent(hyperparams, env)
 
     def learn(self, model: BaseAlgorithm) -> None:
@@ -210,16 +199,12 @@ class PPOExtExperimentManager(UPSTREAM):
 
 def check_storage(storage: str | None) -> optuna.storages.RDBStorage | None:
     """
-    Open an RDB storage URL with :func:`sb3_ppo_ext.storage.make_storage` (Optuna's heartbeat: a dead worker's trial
-    is failed and retried); ``SB3_PPO_EXT_HEARTBEAT_INTERVAL`` and ``SB3_PPO_EXT_GRACE_PERIOD`` (seconds) set it.
-
-    :return: the storage, or None for no storage or a journal file (rl-zoo3 opens those)
-    :raises ZooConfigError: when it cannot be opened
+    The database ``storage`` opened by :func:`sb3_ppo_ext.storage.make_storage` with Optuna's heartbeat (interval and
+    grace period: ``SB3_PPO_EXT_HEARTBEAT_INTERVAL``, ``SB3_PPO_EXT_GRACE_PERIOD``), or a ``ZooConfigError``; None
+    without one or for a journal file (rl-zoo3 opens those).
     """
     if storage is None or storage.endswith(".log"):
         return None
-    from sb3_ppo_ext.storage import HEARTBEAT_INTERVAL, StorageError, make_storage
-
     try:
         interval = int(os.environ.get("SB3_PPO_EXT_HEARTBEAT_INTERVAL", HEARTBEAT_INTERVAL))
         grace = os.environ.get("SB3_PPO_EXT_GRACE_PERIOD")
@@ -262,10 +247,10 @@ class TrialBudgetCallback:
             if len(counted) < self.n_trials or not running:
                 return len(counted)
             if not announced:
-                print(
-                    f"{len(counted) - len(running)} of {self.n_trials} trials finished: waiting for the running trial(s) "
-                    f"{running} to finish, or to be failed and retried if their worker died"
+                waiting = (
+                    f"waiting for the running trial(s) {running} to finish, or to be failed and retried if their worker died"
                 )
+                print(f"{len(counted) - len(running)} of {self.n_trials} trials finished: {waiting}")
                 announced = True
             time.sleep(self.poll_seconds)
 
@@ -289,8 +274,8 @@ class MaskableTrialEvalCallback(TrialEvalCallback, MaskableEvalCallback):
 
 class _OpenedStorage(optuna.storages._CachedStorage):
     """
-    An opened storage (Optuna's cache over it, as ``optuna.create_study`` wraps an RDB storage) in the place of the
-    ``--storage`` URL, for rl-zoo3's ``-optimize``: it tests ``storage.endswith(".log")``, then hands it to Optuna.
+    The opened storage (Optuna's cache over it, as ``create_study`` wraps one) in the place of the ``--storage`` URL
+    for rl-zoo3's ``-optimize``, which tests ``storage.endswith(".log")``, then hands it to ``optuna.create_study``.
     """
 
     def __init__(self, storage: optuna.storages.RDBStorage, url: str):
@@ -307,10 +292,9 @@ class _OpenedStorage(optuna.storages._CachedStorage):
 @contextlib.contextmanager
 def _rl_zoo3_classes(algo: str, **names: Any) -> Iterator[None]:
     """
-    ``rl_zoo3.exp_manager``'s classes ``names`` replaced during one manager call, and for a masked algorithm its
-    evaluation callbacks by ones that read the masks from the eval env at each step: rl-zoo3 builds these callbacks
-    inside ``create_callbacks``, ``objective`` and ``hyperparameters_optimization`` from these names, with no argument
-    or attribute to choose the class. The eval env stays rl-zoo3's (VecNormalize syncs, both envs are of one type).
+    ``rl_zoo3.exp_manager``'s classes ``names`` (and for a masked algorithm its evaluation callbacks, by ones that read
+    the masks from the eval env) replaced during one call: rl-zoo3 builds these callbacks inside its methods from
+    these names, with nothing to choose the class. The eval env stays rl-zoo3's, so VecNormalize syncs.
     """
     if zoo.is_masked(algo):
         names.update(EvalCallback=MaskableEvalCallback, TrialEvalCallback=MaskableTrialEvalCallback)
@@ -336,46 +320,32 @@ class _ContinuingModel:
 
 
 def _checked_env_backend(manager: UPSTREAM, backend: str, hyperparams: dict[str, Any]) -> str:
-    """
-    The entry's ``env_backend``; for ``envpool``, a :class:`~sb3_ppo_ext.zoo.ZooConfigError` before any folder is
-    made when EnvPool is missing or the run asks for what EnvPool's envs cannot take (``env_wrapper``, ``--vec-env``).
-    """
+    """The entry's ``env_backend``; for ``envpool``, an error before any folder when EnvPool cannot run the entry."""
     if backend != "envpool":
         return backend
-    from stable_baselines3.common.vec_env import DummyVecEnv
-
-    from sb3_ppo_ext.envpool import require_envpool
-
+    instead = "-params env_backend:gymnasium"
     try:
         require_envpool()
     except ImportError as error:
         entry = f"the {manager.env_name.gym_id} entry has env_backend: envpool"
-        hint = "-params env_backend:gymnasium trains on gymnasium's envs instead"
-        raise zoo.ZooConfigError(f"{error} ({entry}; {hint})") from None
+        raise zoo.ZooConfigError(f"{error} ({entry}; {instead} trains on gymnasium's envs instead)") from None
     if manager.vec_env_class is not DummyVecEnv:
         raise zoo.ZooConfigError(
             f"--vec-env {manager.vec_env_class.__name__} does not apply to env_backend: envpool (EnvPool steps its envs "
-            "on its own threads); leave --vec-env out, or pass -params env_backend:gymnasium"
+            f"on its own threads); leave --vec-env out, or pass {instead}"
         )
     if hyperparams.get("env_wrapper") is not None:
-        raise zoo.ZooConfigError(
-            "env_wrapper does not apply to env_backend: envpool (gymnasium wrappers cannot wrap EnvPool's envs); "
-            "use a vec_env_wrapper, or pass -params env_backend:gymnasium"
-        )
+        what = "env_wrapper does not apply to env_backend: envpool (gymnasium wrappers cannot wrap EnvPool's envs)"
+        raise zoo.ZooConfigError(f"{what}; use a vec_env_wrapper, or pass {instead}")
     return backend
 
 
 def _envpool_env(manager: UPSTREAM, n_envs: int) -> VecEnv:
     """
-    The training env of an ``env_backend: envpool`` entry: :class:`~sb3_ppo_ext.envpool.EnvPoolVecEnv` (seeded with
-    ``--seed``, the entry's ``env_kwargs`` passed to EnvPool), then rl-zoo3's ``vec_env_wrapper``, ``VecNormalize``
-    and ``frame_stack``. No monitor file: the env reports its episodes (a ``VecMonitor`` here would break
-    ``sync_envs_normalization``, which walks the training and evaluation wrappers in step).
+    The training env of an ``env_backend: envpool`` entry: :class:`~sb3_ppo_ext.envpool.EnvPoolVecEnv`, then
+    rl-zoo3's ``vec_env_wrapper``, ``VecNormalize`` and ``frame_stack``. No ``VecMonitor``: the env reports its
+    episodes, and a monitor would break ``sync_envs_normalization``, which walks both envs' wrappers in step.
     """
-    from stable_baselines3.common.vec_env import VecFrameStack
-
-    from sb3_ppo_ext.envpool import EnvPoolVecEnv
-
     env: VecEnv = EnvPoolVecEnv(manager.env_name.gym_id, n_envs, seed=manager.seed, **manager.env_kwargs)
     if manager.vec_env_wrapper is not None:
         env = manager.vec_env_wrapper(env)
@@ -385,8 +355,6 @@ def _envpool_env(manager: UPSTREAM, n_envs: int) -> VecEnv:
 
 def _atomic_checkpoints(cb: BaseCallback) -> BaseCallback:
     """rl-zoo3's ``CheckpointCallback`` (SB3's own class only, not a subclass) as an atomic one saving VecNormalize too."""
-    from sb3_ppo_ext.reliability import AtomicCheckpointCallback
-
     if type(cb) is not CheckpointCallback:
         return cb
     return AtomicCheckpointCallback(

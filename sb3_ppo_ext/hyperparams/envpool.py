@@ -1,7 +1,4 @@
-"""The entries that train on EnvPool (``ppo_ext_envpool.yml``), as rl-zoo3 reads a module given as ``--conf-file``.
-
-``python -m rl_zoo3.train --algo ppo_ext --env Hopper-v5 --conf-file sb3_ppo_ext.hyperparams.envpool``
-"""
+"""The entries that train on EnvPool (``ppo_ext_envpool.yml``) as a ``--conf-file`` module for rl-zoo3."""
 
 from __future__ import annotations
 
