@@ -59,10 +59,8 @@ def main(argv: list[str] | None = None) -> float:
     elapsed = time.time() - start
     sync_envs_normalization(env, eval_env)  # SB3's own copy of the statistics (none without norm_obs)
     mean_return, std_return = evaluate_policy(model, eval_env, n_eval_episodes=args.eval_episodes, deterministic=True)
-    print(
-        f"PPOExt on {args.env}: {n_timesteps} steps in {elapsed:.0f} s; "
-        f"evaluation return over {args.eval_episodes} episodes: {mean_return:.1f} +/- {std_return:.1f}"
-    )
+    result = f"evaluation return over {args.eval_episodes} episodes: {mean_return:.1f} +/- {std_return:.1f}"
+    print(f"PPOExt on {args.env}: {n_timesteps} steps in {elapsed:.0f} s; {result}")
     return float(cast(float, mean_return))  # one evaluation: a number, not the per-episode list
 
 

@@ -1,12 +1,9 @@
-"""EnvPool's batched C++ environments as a Stable-Baselines3 VecEnv: :class:`EnvPoolVecEnv`.
+"""EnvPool's batched C++ environments (``pip install "sb3-ppo-ext[envpool]"``) as an SB3 VecEnv: :class:`EnvPoolVecEnv`.
 
-EnvPool (``pip install "sb3-ppo-ext[envpool]"``) steps many environments in one call on its own threads.
-:class:`EnvPoolVecEnv` gives it SB3's ``VecEnv`` semantics, so that SB3's tools work on it unchanged: an episode
-that ends is reset at once (``infos[i]["terminal_observation"]``, ``"TimeLimit.truncated"`` and ``"episode"`` as
-SB3's ``Monitor`` writes it), so EnvPool's own reset step never happens; ``seed(seed)`` reseeds env ``i`` with
-``seed + i`` (modulo ``2**31 - 1``) at the next ``reset``; float64 ``Box`` actions are exposed as float32, as
-gymnasium's MuJoCo envs declare them, so a model trained here loads onto gymnasium's env of the same task. What
-EnvPool cannot do (``env_method``, ``set_attr``, ``get_attr`` but ``render_mode``, rendering) is an error naming it.
+An episode that ends is reset at once (``terminal_observation``, ``TimeLimit.truncated`` and ``episode`` in its
+info, as SB3's ``Monitor`` writes it), so EnvPool's own reset step never happens; float64 ``Box`` actions are
+float32, as gymnasium's MuJoCo envs declare them, so a model trained here loads onto gymnasium's env of the task.
+What EnvPool cannot do (``env_method``, ``set_attr``, rendering) is an error naming it. See the EnvPool guide.
 """
 
 from __future__ import annotations
@@ -45,8 +42,7 @@ class EnvPoolVecEnv(VecEnv):
     :param num_envs: number of environments stepped together
     :param seed: seed of env 0; env ``i`` gets ``seed + i`` (modulo ``2**31 - 1``)
     :param num_threads: EnvPool's worker threads; 0 lets EnvPool choose
-    :param make_kwargs: further keyword arguments of ``envpool.make_gymnasium`` (the task's own
-        settings, e.g. ``reset_noise_scale=0.0``, ``max_episode_steps=500``)
+    :param make_kwargs: the task's settings for ``envpool.make_gymnasium`` (``reset_noise_scale=0.0``, ...)
     """
 
     def __init__(self, task: str, num_envs: int, seed: int = 0, num_threads: int = 0, **make_kwargs: Any):

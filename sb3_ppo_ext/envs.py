@@ -1,10 +1,6 @@
-"""Action masks for envs that report them in ``info`` and for loops that call ``predict(obs)`` without masks.
-
-- :class:`ActionMaskFromInfo`: a gymnasium wrapper exposing ``info["action_mask"]`` (``Taxi-v4``) as ``action_masks()``;
-- :class:`MaskedObservations`: a VecEnv wrapper whose observations carry the masks of their states
-  (:func:`with_masks`), which :meth:`sb3_ppo_ext.MaskablePPOExt.predict` uses when it is given none (rl-zoo3's
-  ``enjoy`` and ``record_video``). A copy, slice or wrapper above it drops them, and ``predict`` then warns.
-- :func:`register_envs`: sb3-contrib's masked test envs as gymnasium ids, for rl-zoo3's ``--env``.
+"""Action masks for envs that report them in ``info`` (:class:`ActionMaskFromInfo`) and for loops that call
+``predict(obs)`` without masks (:class:`MaskedObservations`, whose observations carry them to
+:meth:`sb3_ppo_ext.MaskablePPOExt.predict`); :func:`register_envs`: sb3-contrib's masked test envs as gymnasium ids.
 """
 
 from __future__ import annotations
@@ -20,8 +16,7 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnvObs, VecEnvStepR
 
 class ActionMaskFromInfo(gym.Wrapper):
     """
-    The action mask an environment reports in ``info[key]`` (at ``reset`` and every ``step``) as ``action_masks()``,
-    the method sb3-contrib's ``get_action_masks`` calls.
+    The action mask an environment reports in ``info[key]`` at ``reset`` and every ``step`` as ``action_masks()``.
 
     :param env: the environment
     :param key: the ``info`` key of the mask
@@ -96,9 +91,8 @@ def without_masks(observations: Any) -> Any:
 
 class MaskedObservations(VecEnvWrapper):
     """
-    A VecEnv whose observations carry the action masks of the states they describe (read with sb3-contrib's
-    ``get_action_masks`` after every ``reset`` and ``step``), for loops that call ``predict(obs)`` with the
-    observation alone. Put it outermost and hand its observations to ``predict`` unchanged: a copy drops the masks.
+    A VecEnv whose observations carry the action masks of the states they describe, for loops that call
+    ``predict(obs)`` alone. Put it outermost and hand its observations to ``predict`` unchanged: a copy drops them.
 
     :param venv: a VecEnv whose environments provide ``action_masks()``
     :raises ValueError: when they do not

@@ -1,8 +1,6 @@
-"""rl-zoo3's ``ExperimentManager`` for this package's algorithms: :class:`PPOExtExperimentManager`.
+"""rl-zoo3's ``ExperimentManager`` for our algorithms, which :mod:`sb3_ppo_ext.zoo` imports once rl-zoo3's has run.
 
-A module of its own because a subclass needs its base when it is defined: :mod:`sb3_ppo_ext.zoo` imports it once
-``rl_zoo3.exp_manager`` has run and binds ``rl_zoo3.exp_manager.ExperimentManager`` to the subclass. Every override
-calls rl-zoo3's method through ``super()``; for rl-zoo3's own algorithms it does nothing else.
+Every override calls rl-zoo3's method through ``super()``; for rl-zoo3's own algorithms it does nothing else.
 """
 
 from __future__ import annotations
@@ -26,7 +24,8 @@ from sb3_contrib.common.maskable.callbacks import MaskableEvalCallback
 from stable_baselines3.common.callbacks import BaseCallback, CheckpointCallback
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecFrameStack, VecNormalize
 
-from sb3_ppo_ext import settings, zoo
+from sb3_ppo_ext import settings
+from sb3_ppo_ext import zoo_support as support
 from sb3_ppo_ext.callbacks import KLAdaptiveLR
 from sb3_ppo_ext.envpool import EnvPoolVecEnv, require_envpool
 from sb3_ppo_ext.reliability import AtomicCheckpointCallback
@@ -59,7 +58,7 @@ class PPOExtExperimentManager(UPSTREAM):
         rl-zoo3's settings; for our algorithms checked before rl-zoo3 parses schedules or evaluates strings: the yml
         entry and the ``-params`` values key by key (each mistake blamed on its source), then the merged settings.
         """
-        if not zoo.is_ours(self.algo):
+        if not support.is_ours(self.algo):
             return super().read_hyperparameters()
         algo, source = self.algo, str(self.config)
         yml = source.endswith((".yml", ".yaml"))
@@ -68,13 +67,13 @@ class PPOExtExperimentManager(UPSTREAM):
             name = settings.select_entry(entries, self.env_name.gym_id, atari=bool(self._is_atari))
             if name is not None:
                 source = f"{source} (entry {name!r})"
-                zoo.raise_problems(settings.entry_problems(entries[name], algo, whole=False), algo, f"in {source}")
+                support.raise_problems(settings.entry_problems(entries[name], algo, whole=False), algo, f"in {source}")
         if self.custom_hyperparams:
-            zoo.raise_problems(settings.entry_problems(self.custom_hyperparams, algo, whole=False), algo, "in -params")
+            support.raise_problems(settings.entry_problems(self.custom_hyperparams, algo, whole=False), algo, "in -params")
             source += " with -params"
         hyperparams, saved_hyperparams = super().read_hyperparameters()
         if not isinstance(hyperparams, dict):  # an entry of a .py conf file
-            raise zoo.ZooConfigError(f"invalid {algo} hyperparameters in {source}: expected a mapping of settings")
+            raise support.ZooConfigError(f"invalid {algo} hyperparameters in {source}: expected a mapping of settings")
         # A yml entry and -params were checked key by key: the merge needs only the rules across keys.
         problems = settings.whole_entry_problems(hyperparams, algo) if yml else settings.entry_problems(hyperparams, algo)
         if "n_timesteps" not in hyperparams:
@@ -82,7 +81,7 @@ class PPOExtExperimentManager(UPSTREAM):
                 problems.append("'n_timesteps' is missing: give the entry a training budget (n_timesteps: 1.0e5) or pass -n")
             else:  # -n gives the budget; rl-zoo3 still reads (and deletes) the key
                 hyperparams = {**hyperparams, "n_timesteps": self.n_timesteps}
-        zoo.raise_problems(problems, algo, f"in {source}")
+        support.raise_problems(problems, algo, f"in {source}")
         return hyperparams, saved_hyperparams
 
     def _preprocess_hyperparams(self, hyperparams: dict[str, Any]) -> Any:
@@ -90,7 +89,7 @@ class PPOExtExperimentManager(UPSTREAM):
         rl-zoo3's preprocessing; for ours ``env_backend`` is read, ``clip_range: null`` ("off") passes through,
         activation names become torch classes, and ``policy_kwargs`` that rl-zoo3 evaluated or imported are checked.
         """
-        if not zoo.is_ours(self.algo):
+        if not support.is_ours(self.algo):
             return super()._preprocess_hyperparams(hyperparams)
         hyperparams = dict(hyperparams)
         self._env_backend = _checked_env_backend(self, hyperparams.pop("env_backend", "gymnasium"), hyperparams)
@@ -103,19 +102,19 @@ class PPOExtExperimentManager(UPSTREAM):
         if unchecked and processed.get("policy_kwargs") is not None:
             part = {key: processed[key] for key in ("policy", "policy_kwargs") if key in processed}
             where = f"in {self.config} (env {self.env_name.gym_id}), policy_kwargs"
-            zoo.raise_problems(settings.entry_problems(part, self.algo, whole=False), self.algo, where)
-        return (zoo.resolve_activation({**processed, **off}), *rest)
+            support.raise_problems(settings.entry_problems(part, self.algo, whole=False), self.algo, where)
+        return (support.resolve_activation({**processed, **off}), *rest)
 
     def setup_experiment(self) -> tuple[BaseAlgorithm, dict[str, Any]] | None:
         """
         rl-zoo3's ``setup_experiment``; for ours the storage of ``-optimize`` is opened first, a settings error ends the
         command with one line, and a run folder made by a failed run is removed (it would be the "latest" run).
         """
-        if not zoo.is_ours(self.algo):
+        if not support.is_ours(self.algo):
             return super().setup_experiment()
         log_existed, existed = os.path.exists(self.log_path), os.path.exists(self.save_path)
         try:
-            with zoo.settings_errors_end_the_command():
+            with support.settings_errors_end_the_command():
                 if self.optimize_hyperparameters:
                     self._storage = check_storage(self.storage)
                 return super().setup_experiment()
@@ -129,7 +128,7 @@ class PPOExtExperimentManager(UPSTREAM):
 
     def load_trial(self, storage: str, study_name: str, trial_id: int | None = None, convert: bool = True) -> dict[str, Any]:
         """rl-zoo3's ``load_trial`` (``--trial-id``); for our algorithms an unreachable database is a clear error first."""
-        if zoo.is_ours(self.algo):
+        if support.is_ours(self.algo):
             check_storage(storage)
         return super().load_trial(storage, study_name, trial_id, convert)
 
@@ -138,7 +137,7 @@ class PPOExtExperimentManager(UPSTREAM):
         rl-zoo3's ``-optimize``; for ours on the storage of :func:`check_storage` (``--max-total-trials`` counts no dead
         worker's trial), masked trials evaluated with masks, and a run folder without a model removed afterwards.
         """
-        if not zoo.is_ours(self.algo):
+        if not support.is_ours(self.algo):
             super().hyperparameters_optimization()
             return
         url, names = self.storage, {}
@@ -164,18 +163,20 @@ class PPOExtExperimentManager(UPSTREAM):
             env = _envpool_env(self, n_envs)
         else:
             env = super().create_envs(n_envs, eval_env=eval_env, no_log=no_log)
-        return zoo.masked_env(env, self.algo, self.env_name.gym_id, carry_masks=False) if zoo.is_masked(self.algo) else env
+        if support.is_masked(self.algo):
+            env = support.masked_env(env, self.algo, self.env_name.gym_id, carry_masks=False)
+        return env
 
     def create_callbacks(self) -> None:
         """rl-zoo3's callbacks; for ours ``--save-freq`` checkpoints are atomic with VecNormalize, evaluation masked."""
         with _rl_zoo3_classes(self.algo):
             super().create_callbacks()
-        if zoo.is_ours(self.algo):
+        if support.is_ours(self.algo):
             self.callbacks = [_atomic_checkpoints(callback) for callback in self.callbacks]
 
     def _maybe_normalize(self, env: VecEnv, eval_env: bool) -> VecEnv:
         """rl-zoo3's VecNormalize; for ``-i <checkpoint>`` of our algorithms, the statistics saved with the checkpoint."""
-        stats = _checkpoint_vec_normalize(self.trained_agent) if zoo.is_ours(self.algo) else None
+        stats = _checkpoint_vec_normalize(self.trained_agent) if support.is_ours(self.algo) else None
         if stats is None:
             return super()._maybe_normalize(env, eval_env)
         print(f"Loading the checkpoint's VecNormalize stats {stats}")
@@ -186,13 +187,13 @@ class PPOExtExperimentManager(UPSTREAM):
 
     def _load_pretrained_agent(self, hyperparams: dict[str, Any], env: VecEnv) -> BaseAlgorithm:
         """rl-zoo3's ``-i``; with a :class:`~sb3_ppo_ext.callbacks.KLAdaptiveLR`, the learning rate is the checkpoint's."""
-        if zoo.is_ours(self.algo) and any(isinstance(callback, KLAdaptiveLR) for callback in self.callbacks):
+        if support.is_ours(self.algo) and any(isinstance(callback, KLAdaptiveLR) for callback in self.callbacks):
             hyperparams = {k: v for k, v in hyperparams.items() if k != "learning_rate"}  # adapted state, like beta
         return super()._load_pretrained_agent(hyperparams, env)
 
     def learn(self, model: BaseAlgorithm) -> None:
         """rl-zoo3's ``learn``; ``-i`` of our algorithms continues the timestep count (and the checkpoint names)."""
-        if zoo.is_ours(self.algo) and self.continue_training:
+        if support.is_ours(self.algo) and self.continue_training:
             model = cast("BaseAlgorithm", _ContinuingModel(model))
         super().learn(model)
 
@@ -211,13 +212,13 @@ def check_storage(storage: str | None) -> optuna.storages.RDBStorage | None:
         opened = make_storage(storage, heartbeat_interval=interval, grace_period=None if grace is None else int(grace))
         return cast(optuna.storages.RDBStorage, opened)  # a database URL (not a journal file) opens an RDBStorage
     except (StorageError, ValueError) as error:
-        raise zoo.ZooConfigError(str(error)) from None
+        raise support.ZooConfigError(str(error)) from None
 
 
 class TrialBudgetCallback:
     """
-    rl-zoo3's ``MaxTrialsCallback`` (``--max-total-trials``) for a storage with heartbeats: after each trial it stops
-    the study once :meth:`count` reaches ``n_trials``, never with a dead worker's trial counted.
+    rl-zoo3's ``MaxTrialsCallback`` (``--max-total-trials``) for a storage with heartbeats: stops the study once
+    :meth:`count`, which counts no dead worker's trial, reaches ``n_trials``.
 
     :param poll_seconds: seconds between two checks while other trials run (the heartbeat interval)
     :param n_trials: the budget
@@ -292,11 +293,10 @@ class _OpenedStorage(optuna.storages._CachedStorage):
 @contextlib.contextmanager
 def _rl_zoo3_classes(algo: str, **names: Any) -> Iterator[None]:
     """
-    ``rl_zoo3.exp_manager``'s classes ``names`` (and for a masked algorithm its evaluation callbacks, by ones that read
-    the masks from the eval env) replaced during one call: rl-zoo3 builds these callbacks inside its methods from
-    these names, with nothing to choose the class. The eval env stays rl-zoo3's, so VecNormalize syncs.
+    ``rl_zoo3.exp_manager``'s classes ``names`` (and for a masked algorithm its evaluation callbacks, by ones reading the
+    eval env's masks) replaced during one call: rl-zoo3 builds its callbacks from these names, with nothing to choose.
     """
-    if zoo.is_masked(algo):
+    if support.is_masked(algo):
         names.update(EvalCallback=MaskableEvalCallback, TrialEvalCallback=MaskableTrialEvalCallback)
     originals = {name: getattr(_exp_manager, name) for name in names}
     vars(_exp_manager).update(names)
@@ -328,23 +328,22 @@ def _checked_env_backend(manager: UPSTREAM, backend: str, hyperparams: dict[str,
         require_envpool()
     except ImportError as error:
         entry = f"the {manager.env_name.gym_id} entry has env_backend: envpool"
-        raise zoo.ZooConfigError(f"{error} ({entry}; {instead} trains on gymnasium's envs instead)") from None
+        raise support.ZooConfigError(f"{error} ({entry}; {instead} trains on gymnasium's envs instead)") from None
     if manager.vec_env_class is not DummyVecEnv:
-        raise zoo.ZooConfigError(
+        raise support.ZooConfigError(
             f"--vec-env {manager.vec_env_class.__name__} does not apply to env_backend: envpool (EnvPool steps its envs "
             f"on its own threads); leave --vec-env out, or pass {instead}"
         )
     if hyperparams.get("env_wrapper") is not None:
         what = "env_wrapper does not apply to env_backend: envpool (gymnasium wrappers cannot wrap EnvPool's envs)"
-        raise zoo.ZooConfigError(f"{what}; use a vec_env_wrapper, or pass {instead}")
+        raise support.ZooConfigError(f"{what}; use a vec_env_wrapper, or pass {instead}")
     return backend
 
 
 def _envpool_env(manager: UPSTREAM, n_envs: int) -> VecEnv:
     """
-    The training env of an ``env_backend: envpool`` entry: :class:`~sb3_ppo_ext.envpool.EnvPoolVecEnv`, then
-    rl-zoo3's ``vec_env_wrapper``, ``VecNormalize`` and ``frame_stack``. No ``VecMonitor``: the env reports its
-    episodes, and a monitor would break ``sync_envs_normalization``, which walks both envs' wrappers in step.
+    ``env_backend: envpool``'s training env, with rl-zoo3's ``vec_env_wrapper``, ``VecNormalize`` and ``frame_stack``
+    (no ``VecMonitor``: it would break ``sync_envs_normalization``, which walks both envs' wrappers in step).
     """
     env: VecEnv = EnvPoolVecEnv(manager.env_name.gym_id, n_envs, seed=manager.seed, **manager.env_kwargs)
     if manager.vec_env_wrapper is not None:

@@ -232,7 +232,7 @@ def test_zoo_env_backend_gymnasium_runs_the_same_entry_on_gymnasium(tmp_path):
     ],
 )
 def test_zoo_settings_envpool_cannot_take_are_errors(tmp_path, kwargs, message):
-    from sb3_ppo_ext.zoo import ZooConfigError
+    from sb3_ppo_ext.zoo_support import ZooConfigError
 
     with pytest.raises(SystemExit, match=f"^error: .*{message}") as exit_info:  # the command ends with this line
         _manager(tmp_path / "logs", **kwargs).setup_experiment()
@@ -241,7 +241,7 @@ def test_zoo_settings_envpool_cannot_take_are_errors(tmp_path, kwargs, message):
 
 
 def test_zoo_missing_envpool_is_an_error_naming_the_extra_before_any_folder(tmp_path, monkeypatch: pytest.MonkeyPatch):
-    from sb3_ppo_ext.zoo import ZooConfigError
+    from sb3_ppo_ext.zoo_support import ZooConfigError
 
     monkeypatch.setitem(sys.modules, "envpool", None)
     manager = _manager(tmp_path / "logs")

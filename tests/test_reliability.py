@@ -39,7 +39,7 @@ from sb3_ppo_ext.reliability import (
     resume,
 )
 from sb3_ppo_ext.settings import SettingsError
-from sb3_ppo_ext.zoo import ZooConfigError, check_hyperparams
+from sb3_ppo_ext.zoo_support import ZooConfigError, check_hyperparams
 
 th.set_num_threads(1)
 

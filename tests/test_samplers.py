@@ -27,7 +27,7 @@ from sb3_ppo_ext.samplers import (
     sample_zoo_form,
     to_ppo_ext_kwargs,
 )
-from sb3_ppo_ext.zoo import ZooConfigError, check_hyperparams
+from sb3_ppo_ext.zoo_support import ZooConfigError, check_hyperparams
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
