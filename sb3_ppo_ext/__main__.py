@@ -1,9 +1,7 @@
 """Train PPOExt on one environment with the shipped hyperparameters and print its evaluation return.
 
-Usage: ``python -m sb3_ppo_ext --env Pendulum-v1 [--timesteps N] [--seed S] [--eval-episodes K]``
-
-This route needs neither rl-zoo3 nor optuna; ``python -m rl_zoo3.train --algo ppo_ext`` is the
-full-featured one.
+``python -m sb3_ppo_ext --env Pendulum-v1 [--timesteps N] [--seed S] [--eval-episodes K]`` needs neither rl-zoo3
+nor optuna; ``python -m rl_zoo3.train --algo ppo_ext`` is the full-featured route.
 """
 
 from __future__ import annotations
@@ -23,12 +21,7 @@ from sb3_ppo_ext.validation import to_algorithm_kwargs
 
 
 def split_settings(entry: dict[str, Any]) -> dict[str, Any]:
-    """
-    A yml entry split into what builds the envs and the PPOExt keyword arguments.
-
-    :param entry: settings of one env in rl-zoo3's format
-    :return: ``n_envs``, ``n_timesteps``, ``normalize``, ``policy`` and ``model_kwargs``
-    """
+    """A yml entry (rl-zoo3's format) as ``n_envs``, ``n_timesteps``, ``normalize``, ``policy`` and ``model_kwargs``."""
     entry = dict(entry)
     return dict(
         n_envs=int(entry.pop("n_envs", 1)),
@@ -50,28 +43,24 @@ def main(argv: list[str] | None = None) -> float:
 
     th.set_num_threads(1)
     settings = split_settings(load_hyperparams(args.env))
-    n_timesteps = int(args.timesteps or settings["n_timesteps"])
-    normalize = settings["normalize"]
+    n_timesteps, normalize = int(args.timesteps or settings["n_timesteps"]), settings["normalize"]
     normalize_kwargs = normalize if isinstance(normalize, dict) else {}
-    n_envs, policy, hyperparams = settings["n_envs"], settings["policy"], settings["model_kwargs"]
 
-    env = make_vec_env(args.env, n_envs=n_envs, seed=args.seed)
+    env = make_vec_env(args.env, n_envs=settings["n_envs"], seed=args.seed)
     eval_env = make_vec_env(args.env, n_envs=1, seed=args.seed + 10_000)
     if normalize:
         env = VecNormalize(env, **normalize_kwargs)
         # The eval env uses the training statistics as they are and reports raw rewards, whatever the entry says.
         eval_env = VecNormalize(eval_env, **{**normalize_kwargs, "training": False, "norm_reward": False})
 
-    model = PPOExt(policy, env, seed=args.seed, device=args.device, **hyperparams)
+    model = PPOExt(settings["policy"], env, seed=args.seed, device=args.device, **settings["model_kwargs"])
     start = time.time()
     model.learn(total_timesteps=n_timesteps)
     elapsed = time.time() - start
     sync_envs_normalization(env, eval_env)  # SB3's own copy of the statistics (none without norm_obs)
     mean_return, std_return = evaluate_policy(model, eval_env, n_eval_episodes=args.eval_episodes, deterministic=True)
-    print(
-        f"PPOExt on {args.env}: {n_timesteps} steps in {elapsed:.0f} s; "
-        f"evaluation return over {args.eval_episodes} episodes: {mean_return:.1f} +/- {std_return:.1f}"
-    )
+    result = f"evaluation return over {args.eval_episodes} episodes: {mean_return:.1f} +/- {std_return:.1f}"
+    print(f"PPOExt on {args.env}: {n_timesteps} steps in {elapsed:.0f} s; {result}")
     return float(cast(float, mean_return))  # one evaluation: a number, not the per-episode list
 
 

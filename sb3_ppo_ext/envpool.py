@@ -1,24 +1,9 @@
-"""EnvPool's batched C++ environments as a Stable-Baselines3 VecEnv: :class:`EnvPoolVecEnv`.
+"""EnvPool's batched C++ environments (``pip install "sb3-ppo-ext[envpool]"``) as an SB3 VecEnv: :class:`EnvPoolVecEnv`.
 
-EnvPool (``pip install "sb3-ppo-ext[envpool]"``) steps many environments in one call on its own
-threads. :class:`EnvPoolVecEnv` gives it SB3's ``VecEnv`` semantics, so that every SB3 tool works
-on it unchanged (``VecNormalize``, ``VecMonitor``, callbacks, ``save`` / ``load`` / ``set_env``):
-
-- an episode that ends is reset at once: the returned observation is the reset one,
-  ``infos[i]["terminal_observation"]`` the last one, ``infos[i]["TimeLimit.truncated"]`` is
-  ``truncated and not terminated`` (so that PPO bootstraps time limits), and
-  ``infos[i]["episode"]`` holds ``{"r", "l", "t"}`` as SB3's ``Monitor`` writes it;
-- EnvPool's own automatic reset (the step after an episode's end returns the reset observation with
-  reward 0 and ignores the action) never happens: ended envs are reset with ``reset(env_ids)``
-  right away, so every step of a rollout is a real transition;
-- ``seed(seed)`` reseeds every env (env ``i`` gets ``seed + i``, as in SB3) at the next ``reset``; EnvPool
-  takes int32 seeds, so a seed is taken modulo ``2**31 - 1``;
-- actions of a float64 ``Box`` space are exposed as float32, as gymnasium's MuJoCo envs declare
-  them, so a model trained here loads onto gymnasium's env of the same task (``set_env``,
-  ``load(..., env=...)``) and is evaluated there.
-
-What EnvPool cannot do is an error naming the method: ``env_method``, ``set_attr``, ``get_attr`` of
-anything but ``render_mode`` (``None``), ``render`` and ``get_images``.
+An episode that ends is reset at once (``terminal_observation``, ``TimeLimit.truncated`` and ``episode`` in its
+info, as SB3's ``Monitor`` writes it), so EnvPool's own reset step never happens; float64 ``Box`` actions are
+float32, as gymnasium's MuJoCo envs declare them, so a model trained here loads onto gymnasium's env of the task.
+What EnvPool cannot do (``env_method``, ``set_attr``, rendering) is an error naming it. See the EnvPool guide.
 """
 
 from __future__ import annotations
@@ -33,12 +18,11 @@ from gymnasium import spaces
 from stable_baselines3.common.vec_env import VecEnv
 from stable_baselines3.common.vec_env.base_vec_env import VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
-INSTALL_HINT = 'pip install "sb3-ppo-ext[envpool]"'
+from sb3_ppo_ext.validation import InvalidSettingError, check_int
 
-_INT32_MAX = 2**31 - 1
-
-# EnvPool's own info keys that are not per-env values of the task.
-_BOOKKEEPING_KEYS = ("env_id", "players")
+_BOOKKEEPING_KEYS = ("env_id", "players")  # EnvPool's own info keys, not per-env values of the task
+_NO_PYTHON = "EnvPool's environments have no Python attributes or methods"
+_NO_RENDER = "rendering is not supported; render on gymnasium's env of the same task"
 
 
 def require_envpool() -> ModuleType:
@@ -46,7 +30,7 @@ def require_envpool() -> ModuleType:
     try:
         import envpool
     except ImportError:
-        raise ImportError(f"EnvPool is not installed: {INSTALL_HINT}") from None
+        raise ImportError('EnvPool is not installed: pip install "sb3-ppo-ext[envpool]"') from None
     return envpool
 
 
@@ -58,24 +42,21 @@ class EnvPoolVecEnv(VecEnv):
     :param num_envs: number of environments stepped together
     :param seed: seed of env 0; env ``i`` gets ``seed + i`` (modulo ``2**31 - 1``)
     :param num_threads: EnvPool's worker threads; 0 lets EnvPool choose
-    :param make_kwargs: further keyword arguments of ``envpool.make_gymnasium`` (the task's own
-        settings, e.g. ``reset_noise_scale=0.0``, ``max_episode_steps=500``)
+    :param make_kwargs: the task's settings for ``envpool.make_gymnasium`` (``reset_noise_scale=0.0``, ...)
     """
 
     def __init__(self, task: str, num_envs: int, seed: int = 0, num_threads: int = 0, **make_kwargs: Any):
         envpool = require_envpool()
         if task not in envpool.list_all_envs():
-            raise ValueError(f"task={task!r} is not an EnvPool task; envpool.list_all_envs() lists them")
-        if not isinstance(num_envs, (int, np.integer)) or isinstance(num_envs, bool) or num_envs < 1:
-            raise ValueError(f"num_envs={num_envs!r} is invalid: expected an int >= 1")
+            raise InvalidSettingError(f"task={task!r} is not an EnvPool task; envpool.list_all_envs() lists them")
+        num_envs = check_int("num_envs", num_envs)
         self.task, self.num_threads, self.make_kwargs = task, num_threads, make_kwargs
-        self._make = envpool.make_gymnasium
-        self.pool = self._make_pool(int(num_envs), seed)
+        self.pool = self._make_pool(num_envs, seed)
         action_space = self.pool.action_space
         if isinstance(action_space, spaces.Box) and action_space.dtype == np.float64:
             low, high = action_space.low.astype(np.float32), action_space.high.astype(np.float32)
             action_space = spaces.Box(low, high, dtype=np.float32)
-        super().__init__(int(num_envs), self.pool.observation_space, action_space)
+        super().__init__(num_envs, self.pool.observation_space, action_space)
         self._env_ids = np.arange(self.num_envs, dtype=np.int32)
         self._actions: np.ndarray | None = None
         self._returns = np.zeros(self.num_envs)
@@ -83,9 +64,10 @@ class EnvPoolVecEnv(VecEnv):
         self._start = time.time()
 
     def _make_pool(self, num_envs: int, seed: int) -> Any:
-        # EnvPool takes int32 seeds; SB3 and rl-zoo3 draw seeds up to 2**32 - 1.
-        seed = int(seed) % _INT32_MAX
-        return self._make(self.task, num_envs=num_envs, num_threads=self.num_threads, seed=seed, **self.make_kwargs)
+        seed = int(seed) % (2**31 - 1)  # EnvPool takes int32 seeds; SB3 and rl-zoo3 draw seeds up to 2**32 - 1
+        return require_envpool().make_gymnasium(
+            self.task, num_envs=num_envs, num_threads=self.num_threads, seed=seed, **self.make_kwargs
+        )
 
     def reset(self) -> VecEnvObs:
         """Reset every env; seeds given by :meth:`seed` take effect here (the pool is rebuilt with them)."""
@@ -130,30 +112,21 @@ class EnvPoolVecEnv(VecEnv):
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
         """``render_mode`` (``None``) of each env; any other name is an ``AttributeError`` naming it."""
         if attr_name != "render_mode":
-            raise AttributeError(
-                f"EnvPoolVecEnv.get_attr({attr_name!r}): EnvPool's environments have no Python attributes "
-                "(only render_mode is known, and it is None)"
-            )
+            raise AttributeError(f"EnvPoolVecEnv.get_attr({attr_name!r}): {_NO_PYTHON} (only render_mode is known: None)")
         return [None for _ in self._get_indices(indices)]
 
     def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
-        raise NotImplementedError(f"EnvPoolVecEnv.set_attr({attr_name!r}): EnvPool's environments have no Python attributes")
+        raise NotImplementedError(f"EnvPoolVecEnv.set_attr({attr_name!r}): {_NO_PYTHON}")
 
     def env_method(self, method_name: str, *method_args: Any, indices: VecEnvIndices = None, **method_kwargs: Any) -> list:
-        raise NotImplementedError(
-            f"EnvPoolVecEnv.env_method({method_name!r}): EnvPool's environments have no Python methods to call"
-        )
+        raise NotImplementedError(f"EnvPoolVecEnv.env_method({method_name!r}): {_NO_PYTHON}")
 
     def env_is_wrapped(self, wrapper_class: type, indices: VecEnvIndices = None) -> list[bool]:
         """``False`` for every env: EnvPool's environments carry no gymnasium wrappers."""
         return [False for _ in self._get_indices(indices)]
 
     def render(self, mode: str | None = None) -> np.ndarray | None:
-        raise NotImplementedError(
-            "EnvPoolVecEnv.render: rendering is not supported; render on gymnasium's env of the same task"
-        )
+        raise NotImplementedError(f"EnvPoolVecEnv.render: {_NO_RENDER}")
 
     def get_images(self) -> Sequence[np.ndarray | None]:
-        raise NotImplementedError(
-            "EnvPoolVecEnv.get_images: rendering is not supported; render on gymnasium's env of the same task"
-        )
+        raise NotImplementedError(f"EnvPoolVecEnv.get_images: {_NO_RENDER}")

@@ -1,24 +1,6 @@
-"""Action masks for environments and for loops that cannot pass them (rl-zoo3's ``enjoy`` and ``record_video``).
-
-sb3-contrib's masked algorithms read masks from the environment (``env.action_masks()``, through
-``get_action_masks``) while collecting, and ``predict(obs, action_masks=...)`` uses masks it is given;
-sb3-contrib's ``evaluate_policy`` and ``MaskableEvalCallback`` fetch them from the env at each step,
-and rl-zoo3's evaluations of ``--algo ppo_mask_ext`` use those. Loops that call ``predict(obs)``
-with the observation alone (rl-zoo3's ``enjoy``) need the masks on the observation:
-
-- :class:`ActionMaskFromInfo`: a gymnasium wrapper that exposes the mask an environment reports in
-  its ``info`` (gymnasium's ``Taxi-v4`` reports ``info["action_mask"]``) as ``action_masks()``;
-- :class:`MaskedObservations`: a VecEnv wrapper whose ``reset`` and ``step`` return observations
-  that carry the masks of the state they describe (:class:`ObservationWithMasks`, an ``ndarray``
-  with an ``action_masks`` attribute; :class:`DictObservationWithMasks` for Dict spaces).
-  :meth:`sb3_ppo_ext.MaskablePPOExt.predict` uses those masks when it is given none. The masks ride
-  on that one object: a copy, a slice, arithmetic, ``np.asarray`` or a VecEnv wrapper above
-  ``MaskedObservations`` return observations without them, and ``predict`` then warns
-  (:class:`sb3_ppo_ext.maskable.MissingActionMasksWarning`) for a model trained with masks.
-
-:func:`register_envs` registers sb3-contrib's masked test environments with gymnasium, so that
-rl-zoo3's ``--env`` can name them (``InvalidActionEnvDiscrete-v0`` and its MultiDiscrete and
-MultiBinary variants).
+"""Action masks for envs that report them in ``info`` (:class:`ActionMaskFromInfo`) and for loops that call
+``predict(obs)`` without masks (:class:`MaskedObservations`, whose observations carry them to
+:meth:`sb3_ppo_ext.MaskablePPOExt.predict`); :func:`register_envs`: sb3-contrib's masked test envs as gymnasium ids.
 """
 
 from __future__ import annotations
@@ -27,17 +9,16 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from sb3_contrib.common.maskable.utils import get_action_masks, is_masking_supported
 from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper
 from stable_baselines3.common.vec_env.base_vec_env import VecEnvObs, VecEnvStepReturn
 
 
 class ActionMaskFromInfo(gym.Wrapper):
     """
-    Expose the action mask an environment reports in ``info[key]`` (at ``reset`` and every ``step``)
-    as ``action_masks()``, the method sb3-contrib's ``get_action_masks`` calls.
+    The action mask an environment reports in ``info[key]`` at ``reset`` and every ``step`` as ``action_masks()``.
 
-    :param env: the environment; its ``reset`` and ``step`` must put the mask of the state they
-        return in ``info[key]``
+    :param env: the environment
     :param key: the ``info`` key of the mask
     """
 
@@ -46,23 +27,22 @@ class ActionMaskFromInfo(gym.Wrapper):
         self.key = key
         self._masks: np.ndarray | None = None
 
-    def _keep(self, info: dict[str, Any]) -> None:
+    def _keep(self, info: dict[str, Any]) -> dict[str, Any]:
         if self.key not in info:
             raise ValueError(
                 f"ActionMaskFromInfo: the environment {self.env.spec.id if self.env.spec else self.env!r} reported no "
                 f"info[{self.key!r}] (info keys: {sorted(info)}); expected the action mask of the state it returned"
             )
         self._masks = np.asarray(info[self.key], dtype=bool)
+        return info
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         obs, info = self.env.reset(**kwargs)
-        self._keep(info)
-        return obs, info
+        return obs, self._keep(info)
 
     def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.env.step(action)
-        self._keep(info)
-        return obs, reward, terminated, truncated, info
+        return obs, reward, terminated, truncated, self._keep(info)
 
     def action_masks(self) -> np.ndarray:
         """The mask of the current state (``True``: the action is allowed)."""
@@ -111,68 +91,39 @@ def without_masks(observations: Any) -> Any:
 
 class MaskedObservations(VecEnvWrapper):
     """
-    A VecEnv whose observations carry the action masks of the states they describe, for loops that
-    call ``predict(obs)`` with the observation alone (rl-zoo3's ``enjoy`` and ``record_video``, SB3's
-    ``evaluate_policy``); where a loop can pass masks, sb3-contrib's ``get_action_masks(env)`` gives them.
-
-    The masks are read with sb3-contrib's ``get_action_masks`` (``env_method("action_masks")``) after
-    every ``reset`` and ``step``: after an episode ends, they are the masks of the reset state that
-    the VecEnv returns. Put it outermost (above ``VecNormalize``) and hand its observations to
-    ``predict`` unchanged: the observation object itself carries the masks, and a copy does not.
+    A VecEnv whose observations carry the action masks of the states they describe, for loops that call
+    ``predict(obs)`` alone. Put it outermost and hand its observations to ``predict`` unchanged: a copy drops them.
 
     :param venv: a VecEnv whose environments provide ``action_masks()``
     :raises ValueError: when they do not
     """
 
     def __init__(self, venv: VecEnv):
-        from sb3_contrib.common.maskable.utils import is_masking_supported
-
         if not is_masking_supported(venv):
             raise ValueError(f"MaskedObservations: the environments of {type(venv).__name__} provide no action_masks()")
         super().__init__(venv)
 
-    def _masks(self) -> np.ndarray:
-        from sb3_contrib.common.maskable.utils import get_action_masks
-
-        return get_action_masks(self.venv)
-
     def reset(self) -> VecEnvObs:
-        return with_masks(self.venv.reset(), self._masks())
+        return with_masks(self.venv.reset(), get_action_masks(self.venv))
 
     def step_wait(self) -> VecEnvStepReturn:
         observations, rewards, dones, infos = self.venv.step_wait()
-        return with_masks(observations, self._masks()), rewards, dones, infos
+        return with_masks(observations, get_action_masks(self.venv)), rewards, dones, infos
 
 
-# sb3-contrib's masked test environments, as gymnasium ids (for rl-zoo3's --env): id -> (class, kwargs)
-MASKED_TEST_ENVS: dict[str, tuple[str, dict[str, Any]]] = {
-    "InvalidActionEnvDiscrete-v0": ("sb3_contrib.common.envs:InvalidActionEnvDiscrete", dict(dim=20, n_invalid_actions=10)),
-    "InvalidActionEnvMultiDiscrete-v0": (
-        "sb3_contrib.common.envs:InvalidActionEnvMultiDiscrete",
-        dict(dims=[5, 5], n_invalid_actions=4),
-    ),
-    "InvalidActionEnvMultiBinary-v0": (
-        "sb3_contrib.common.envs:InvalidActionEnvMultiBinary",
-        dict(dims=10, n_invalid_actions=4),
-    ),
+# sb3-contrib's masked test environments as gymnasium ids (for rl-zoo3's --env): id -> gymnasium.register's arguments.
+MASKED_TEST_ENVS: dict[str, dict[str, Any]] = {
+    f"{name}-v0": dict(entry_point=f"sb3_contrib.common.envs:{name}", kwargs=kwargs, max_episode_steps=100)
+    for name, kwargs in (
+        ("InvalidActionEnvDiscrete", dict(dim=20, n_invalid_actions=10)),
+        ("InvalidActionEnvMultiDiscrete", dict(dims=[5, 5], n_invalid_actions=4)),
+        ("InvalidActionEnvMultiBinary", dict(dims=10, n_invalid_actions=4)),
+    )
 }
 
 
 def register_envs() -> None:
     """Register :data:`MASKED_TEST_ENVS` with gymnasium (ids already registered are kept)."""
-    for env_id, (entry_point, kwargs) in MASKED_TEST_ENVS.items():
+    for env_id, arguments in MASKED_TEST_ENVS.items():
         if env_id not in gym.registry:
-            gym.register(env_id, entry_point=entry_point, kwargs=kwargs, max_episode_steps=100)
-
-
-__all__ = [
-    "MASKED_TEST_ENVS",
-    "ActionMaskFromInfo",
-    "DictObservationWithMasks",
-    "MaskedObservations",
-    "ObservationWithMasks",
-    "masks_of",
-    "register_envs",
-    "with_masks",
-    "without_masks",
-]
+            gym.register(env_id, **arguments)

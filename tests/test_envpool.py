@@ -232,20 +232,22 @@ def test_zoo_env_backend_gymnasium_runs_the_same_entry_on_gymnasium(tmp_path):
     ],
 )
 def test_zoo_settings_envpool_cannot_take_are_errors(tmp_path, kwargs, message):
-    from sb3_ppo_ext.zoo import ZooConfigError
+    from sb3_ppo_ext.zoo_support import ZooConfigError
 
-    with pytest.raises(ZooConfigError, match=message):
+    with pytest.raises(SystemExit, match=f"^error: .*{message}") as exit_info:  # the command ends with this line
         _manager(tmp_path / "logs", **kwargs).setup_experiment()
+    assert isinstance(exit_info.value.__cause__, ZooConfigError)
     assert not (tmp_path / "logs").exists()  # found before rl-zoo3 made any folder
 
 
 def test_zoo_missing_envpool_is_an_error_naming_the_extra_before_any_folder(tmp_path, monkeypatch: pytest.MonkeyPatch):
-    from sb3_ppo_ext.zoo import ZooConfigError
+    from sb3_ppo_ext.zoo_support import ZooConfigError
 
     monkeypatch.setitem(sys.modules, "envpool", None)
     manager = _manager(tmp_path / "logs")
     with pytest.raises(
-        ZooConfigError, match=r'^EnvPool is not installed: pip install "sb3-ppo-ext\[envpool\]" \(the Hopper-v5 entry'
-    ):
+        SystemExit, match=r'^error: EnvPool is not installed: pip install "sb3-ppo-ext\[envpool\]" \(the Hopper-v5 entry'
+    ) as exit_info:
         manager.setup_experiment()
+    assert isinstance(exit_info.value.__cause__, ZooConfigError)
     assert not (tmp_path / "logs").exists()

@@ -25,7 +25,7 @@ from stable_baselines3.common import save_util
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 from sb3_ppo_ext import NonFiniteLossError, PPOExt
-from sb3_ppo_ext.hyperparams import HyperparamsError, load_hyperparams
+from sb3_ppo_ext.hyperparams import load_hyperparams
 from sb3_ppo_ext.reliability import (
     TEMPORARY_PREFIX,
     AtomicCheckpointCallback,
@@ -38,7 +38,8 @@ from sb3_ppo_ext.reliability import (
     list_checkpoints,
     resume,
 )
-from sb3_ppo_ext.zoo import ZooConfigError, check_hyperparams
+from sb3_ppo_ext.validation import InvalidSettingError
+from sb3_ppo_ext.zoo_support import ZooConfigError, check_hyperparams
 
 th.set_num_threads(1)
 
@@ -266,7 +267,7 @@ def test_observation_space_change_between_save_and_load(saved_model: Path):
 def test_bad_hyperparameter_file_is_a_clear_error(tmp_path: Path, text: str, message: str):
     path = tmp_path / "bad.yml"
     path.write_text(text)
-    with pytest.raises(HyperparamsError, match=rf"{re.escape(str(path))}.*{message}"):
+    with pytest.raises(InvalidSettingError, match=rf"{re.escape(str(path))}.*{message}"):
         load_hyperparams("Pendulum-v1", path)
 
 

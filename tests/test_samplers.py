@@ -25,7 +25,7 @@ from sb3_ppo_ext.samplers import (
 )
 from sb3_ppo_ext.storage import StorageError, make_storage
 from sb3_ppo_ext.validation import activation_class, to_algorithm_kwargs
-from sb3_ppo_ext.zoo import ZooConfigError, check_hyperparams
+from sb3_ppo_ext.zoo_support import ZooConfigError, check_hyperparams
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -102,7 +102,7 @@ def test_trial_budget_callback_fails_a_dead_workers_trial_and_stops_at_the_budge
 
     import optuna
 
-    from sb3_ppo_ext.zoo import TrialBudgetCallback
+    from sb3_ppo_ext.zoo_manager import TrialBudgetCallback
 
     db = storage.make_storage(f"sqlite:///{tmp_path / 'study.db'}", heartbeat_interval=1, grace_period=1)
     study = optuna.create_study(storage=db, study_name="budget")
@@ -151,9 +151,7 @@ def test_make_storage_retries_the_table_creation_race(monkeypatch: pytest.Monkey
 
 def test_zoo_budget_count_fails_a_dead_workers_trial_before_rl_zoo3_counts(tmp_path: Path):
     """The count rl-zoo3 makes before starting: a RUNNING trial whose heartbeat stopped is failed and re-queued first."""
-    from rl_zoo3 import exp_manager
-
-    from sb3_ppo_ext import zoo, zoo_support
+    from sb3_ppo_ext.zoo_manager import settle_trial_budget
 
     url = f"sqlite:///{tmp_path / 'study.db'}"
     storage = make_storage(url, heartbeat_interval=HEARTBEAT, grace_period=1)
@@ -161,9 +159,6 @@ def test_zoo_budget_count_fails_a_dead_workers_trial_before_rl_zoo3_counts(tmp_p
     dead = study.ask()
     storage.record_heartbeat(dead._trial_id)  # a worker's last heartbeat; it then died
     time.sleep(2.5)
-    with zoo_support._study_storage(url, storage, exp_manager, max_total_trials=1):
-        study = optuna.create_study(storage=url, study_name="s", load_if_exists=True)
-        assert isinstance(exp_manager.MaxTrialsCallback(1, states=FINISHED), zoo.TrialBudgetCallback)
-    assert exp_manager.MaxTrialsCallback is optuna.study.MaxTrialsCallback
+    settle_trial_budget(storage, "s", n_trials=1)
     states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
     assert states == {dead.number: optuna.trial.TrialState.FAIL, dead.number + 1: optuna.trial.TrialState.WAITING}

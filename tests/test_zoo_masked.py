@@ -25,7 +25,7 @@ from sb3_ppo_ext.envs import MaskedObservations
 
 
 def test_zoo_seams_wrap_only_the_test_envs_of_enjoy():
-    from sb3_ppo_ext import zoo
+    from sb3_ppo_ext import zoo_support as zoo
 
     venv = make_vec_env(ONE_VALID, n_envs=1)
     assert zoo.is_masked("ppo_mask_ext") and not zoo.is_masked("ppo_ext") and not zoo.is_masked("ppo")

@@ -19,11 +19,10 @@ import pytest
 
 
 def test_our_algorithms_and_nothing_else():
-    from sb3_ppo_ext import zoo
+    from sb3_ppo_ext import zoo_support
 
-    assert "ppo_ext" in zoo.OUR_ALGOS and zoo.is_ours("ppo_ext")
-    assert not any(zoo.is_ours(name) for name in ("ppo", "a2c", "sac", "ppo_lstm", "trpo", None))
-    assert "kl_coef" in zoo.ppo_ext_parameters() and "env" not in zoo.ppo_ext_parameters()
+    assert "ppo_ext" in zoo_support.OUR_ALGOS and zoo_support.is_ours("ppo_ext")
+    assert not any(zoo_support.is_ours(name) for name in ("ppo", "a2c", "sac", "ppo_lstm", "trpo", None))
 
 
 @pytest.mark.parametrize("algo", ["ppo", "ppo_ext"])
@@ -43,7 +42,7 @@ def test_store_dict_error_is_ours_only(algo: str, algo_first: bool, monkeypatch:
     argv = ["--algo", algo, "-params", "n_steps:("] if algo_first else ["-params", "n_steps:(", "--algo", algo]
     monkeypatch.setattr(sys, "argv", ["train.py", *argv])
     assert parser.parse_args(["-params", "n_steps:8", "--algo", algo]).params == {"n_steps": 8}
-    if zoo.is_ours(algo):
+    if algo == "ppo_ext":
         with pytest.raises(SystemExit) as exit_info:
             parser.parse_args(argv)
         assert exit_info.value.code == 2 and "cannot parse 'n_steps:('" in capsys.readouterr().err
@@ -124,110 +123,35 @@ def test_rl_zoo3_binds_the_packages_one_subclass():
         assert getattr(original, name).__qualname__ == f"ExperimentManager.{name}", name
 
 
-@pytest.fixture
-def restored_modules():
-    """Put the module dicts of rl_zoo3.exp_manager and sb3_ppo_ext.zoo_manager back after a test reloads them."""
+def test_registering_again_stacks_no_subclass():
     import rl_zoo3.exp_manager
+    import rl_zoo3.utils
 
-    from sb3_ppo_ext import zoo_manager
-
-    saved = {module: dict(vars(module)) for module in (rl_zoo3.exp_manager, zoo_manager)}
-    yield
-    for module, names in saved.items():
-        vars(module).clear()
-        vars(module).update(names)
-
-
-def test_installing_again_or_after_a_reload_stacks_no_subclass(restored_modules):
-    import importlib
-
-    import rl_zoo3.exp_manager
-
-    from sb3_ppo_ext import zoo, zoo_manager
-
-    def ours_in_mro(manager_class: type) -> list[type]:
-        return [c for c in manager_class.__mro__ if vars(c).get(zoo._PATCHED)]
+    from sb3_ppo_ext import zoo
 
     zoo.register()
-    installed = rl_zoo3.exp_manager.ExperimentManager
+    installed, store_dict, create_test_env = (
+        rl_zoo3.exp_manager.ExperimentManager, rl_zoo3.utils.StoreDict, rl_zoo3.utils.create_test_env
+    )  # fmt: skip
     zoo.register()
     zoo.on_zoo_module_imported("rl_zoo3.exp_manager", rl_zoo3.exp_manager)
-    assert rl_zoo3.exp_manager.ExperimentManager is installed and ours_in_mro(installed) == [installed]
-
-    # rl_zoo3.exp_manager runs again: the hook (or register) subclasses its new class, once.
-    importlib.reload(rl_zoo3.exp_manager)
-    zoo.on_zoo_module_imported("rl_zoo3.exp_manager", rl_zoo3.exp_manager)
-    reloaded = rl_zoo3.exp_manager.ExperimentManager
-    assert reloaded is not installed and ours_in_mro(reloaded) == [reloaded]
-    assert reloaded.__bases__ == (zoo_manager.UPSTREAM,) and zoo._PATCHED not in vars(zoo_manager.UPSTREAM)
-    assert zoo_manager.UPSTREAM is not installed.__bases__[0]  # rl-zoo3's new class, not the old one
-
-    # Reloading the subclass's module while it is installed derives from rl-zoo3's class again, not from ours.
-    importlib.reload(zoo_manager)
-    assert zoo_manager.PPOExtExperimentManager.__bases__ == (reloaded.__bases__[0],)
+    zoo.on_zoo_module_imported("rl_zoo3.utils", rl_zoo3.utils)
+    assert rl_zoo3.exp_manager.ExperimentManager is installed and installed.__bases__[0].__module__ == "rl_zoo3.exp_manager"
+    assert rl_zoo3.utils.StoreDict is store_dict and rl_zoo3.utils.create_test_env is create_test_env
+    assert [c.__module__ for c in store_dict.__mro__[:3]] == ["sb3_ppo_ext.zoo", "sb3_ppo_ext.zoo", "rl_zoo3.utils"]
+    assert vars(store_dict.__mro__[2])["__call__"].__module__ == "rl_zoo3.utils"  # rl-zoo3's class is untouched
 
 
-@pytest.mark.parametrize(
-    ("env_id", "options"),
-    [
-        ("Pendulum-v1", {}),
-        ("Pendulum-v1", {"hyperparams": {"n_steps": 64, "kl_coef": 0.5}, "env_kwargs": {"g": 9.0}}),
-        ("Acrobot-v1", {"hyperparams": {"batch_size": 16}}),  # the 'default' entry
-        ("CartPole-v1", {}),  # no entry, no default
-    ],
-)
-def test_merge_of_the_entries_read_once_is_rl_zoo3s_read(env_id: str, options: dict, tmp_path: Path, capsys):
-    """The subclass merges the entries it read as rl-zoo3's read_hyperparameters does: same settings, prints, errors."""
-    import yaml
-
-    from sb3_ppo_ext import settings, zoo_manager
-
-    conf = tmp_path / "conf.yml"
-    entries = {
-        "Pendulum-v1": {"n_timesteps": 256, "policy": "MlpPolicy", "n_steps": 32, "env_kwargs": {"g": 10.0}},
-        "default": {"n_timesteps": 128, "policy": "MlpPolicy", "batch_size": 8},
-    }
-    conf.write_text(yaml.safe_dump(entries if env_id != "CartPole-v1" else {"Pendulum-v1": entries["Pendulum-v1"]}))
-    ours = _manager("ppo_ext", env_id, tmp_path, config=str(conf), **options)
-    theirs = _manager("ppo_ext", env_id, tmp_path, config=str(conf), **options)
-    capsys.readouterr()
-    results = []
-    merges = (
-        lambda: ours._merge_settings(settings.read_entries(conf)),
-        lambda: zoo_manager.UPSTREAM.read_hyperparameters(theirs),
-    )
-    for merge in merges:
-        try:
-            results.append((merge(), None))
-        except ValueError as error:
-            results.append((None, str(error)))
-        results[-1] += (capsys.readouterr().out,)
-    assert results[0] == results[1]
-    assert ours.eval_env_kwargs == theirs.eval_env_kwargs
-    if env_id == "CartPole-v1":
-        assert "Hyperparameters not found for ppo_ext-CartPole-v1" in results[0][1]
-    else:
-        hyperparams, saved = results[0][0]
-        assert list(saved) == sorted(hyperparams)
-        params = options.get("hyperparams", {})
-        assert {key: hyperparams[key] for key in params} == params  # -params win over the entry
-        if "env_kwargs" in options:
-            assert hyperparams["env_kwargs"] == ours.eval_env_kwargs == {"g": 9.0}
-
-
-def test_each_settings_entry_is_read_and_checked_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_each_settings_entry_is_checked_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """
-    A run of ``--algo ppo_ext`` with ``-params``: the yml file is opened once; the settings owner checks
-    the yml entry once and the -params once (key by key), then the merged settings once as a whole.
+    A run of ``--algo ppo_ext`` with ``-params``: the settings owner checks the yml entry once and the -params once
+    (key by key), then the merged settings once as a whole.
     """
-    import builtins
-
     from sb3_ppo_ext import settings
 
     calls: list[tuple[str, bool]] = []
     whole_checks: list[dict] = []
-    opened: list[str] = []
-    entry_problems, whole_entry_problems, open_file = settings.entry_problems, settings.whole_entry_problems, builtins.open
+    entry_problems, whole_entry_problems = settings.entry_problems, settings.whole_entry_problems
 
     def spy_entry_problems(entry, algo="ppo_ext", whole=True):
         calls.append(("-params" if set(entry) == {"n_envs", "n_steps", "batch_size"} else "entry", whole))
@@ -237,21 +161,14 @@ def test_each_settings_entry_is_read_and_checked_once(tmp_path: Path, monkeypatc
         whole_checks.append(dict(entry))
         return whole_entry_problems(entry, algo)
 
-    def spy_open(file, *args, **kwargs):
-        if str(file).endswith(".yml") and "hyperparams" in str(file):
-            opened.append(str(file))
-        return open_file(file, *args, **kwargs)
-
     manager = _manager(
         "ppo_ext", "Pendulum-v1", tmp_path, n_timesteps=64, eval_freq=-1, verbose=0, log_interval=-1,
         hyperparams={"n_envs": 1, "n_steps": 64, "batch_size": 32},
     )  # fmt: skip
     monkeypatch.setattr(settings, "entry_problems", spy_entry_problems)
     monkeypatch.setattr(settings, "whole_entry_problems", spy_whole)
-    monkeypatch.setattr(builtins, "open", spy_open)
     model, _ = manager.setup_experiment()
     monkeypatch.undo()
-    assert opened == [str(settings.PPO_EXT_YML)]
     assert calls == [("entry", False), ("-params", False)]  # then only the rules across keys, on the merge
     assert len(whole_checks) == 1 and whole_checks[0]["n_steps"] == 64 and whole_checks[0]["gamma"] == 0.9
     assert (model.n_steps, model.batch_size, model.gamma) == (64, 32, 0.9)
@@ -280,13 +197,20 @@ def test_rl_zoo3_algorithms_get_rl_zoo3s_settings_and_envs(tmp_path: Path, capsy
 
 
 def test_unreachable_storage_fails_before_any_folder_for_ours(tmp_path: Path):
-    """``-optimize`` / ``--trial-id`` of ppo_ext on an unreachable database: a ZooConfigError, and no run folder."""
-    from sb3_ppo_ext import zoo
+    """
+    ``-optimize`` / ``--trial-id`` of ppo_ext on an unreachable database: a ZooConfigError, and no run folder; from
+    ``setup_experiment`` (the command's first step) as the command's end with one ``error:`` line.
+    """
+    from sb3_ppo_ext import zoo_support
 
     url = f"sqlite:///{tmp_path / 'missing' / 'study.db'}"
+    message = r"cannot open Optuna storage sqlite:///.*unable to open database file"
     manager = _manager("ppo_ext", "Pendulum-v1", tmp_path / "logs", optimize_hyperparameters=True, storage=url, study_name="s")
-    for call in (manager.setup_experiment, manager.hyperparameters_optimization, lambda: manager.load_trial(url, "s", 1)):
-        with pytest.raises(zoo.ZooConfigError, match=r"cannot open Optuna storage sqlite:///.*unable to open database file"):
+    with pytest.raises(SystemExit, match=f"^error: {message}") as exit_info:
+        manager.setup_experiment()
+    assert isinstance(exit_info.value.__cause__, zoo_support.ZooConfigError)
+    for call in (manager.hyperparameters_optimization, lambda: manager.load_trial(url, "s", 1)):
+        with pytest.raises(zoo_support.ZooConfigError, match=message):
             call()
     assert not (tmp_path / "logs").exists() and not (tmp_path / "missing").exists()
 
@@ -296,7 +220,7 @@ def test_policy_kwargs_of_a_policy_named_by_path_are_checked_once_rl_zoo3_import
     import yaml
     from torch import nn
 
-    from sb3_ppo_ext import zoo
+    from sb3_ppo_ext import zoo_support
 
     policy = "sb3_ppo_ext.policies.PPOExtActorCriticPolicy"
     conf = tmp_path / "conf.yml"
@@ -304,7 +228,9 @@ def test_policy_kwargs_of_a_policy_named_by_path_are_checked_once_rl_zoo3_import
     conf.write_text(yaml.safe_dump({"Pendulum-v1": entry}))
     manager = _manager("ppo_ext", "Pendulum-v1", tmp_path / "logs", config=str(conf), verbose=0)
     hyperparams, _ = manager.read_hyperparameters()  # the names of a class given by path are unknown here
-    with pytest.raises(zoo.ZooConfigError, match=r"conf\.yml \(env Pendulum-v1\), policy_kwargs: unknown key 'net_arc'"):
+    with pytest.raises(
+        zoo_support.ZooConfigError, match=r"conf\.yml \(env Pendulum-v1\), policy_kwargs: unknown key 'net_arc'"
+    ):
         manager._preprocess_hyperparams(hyperparams)
     entry["policy_kwargs"] = {"net_arch": [8], "activation_fn": "tanh"}
     conf.write_text(yaml.safe_dump({"Pendulum-v1": entry}))
@@ -312,3 +238,40 @@ def test_policy_kwargs_of_a_policy_named_by_path_are_checked_once_rl_zoo3_import
     processed, *_ = manager._preprocess_hyperparams(hyperparams)
     assert processed["policy"].__name__ == "PPOExtActorCriticPolicy"
     assert processed["policy_kwargs"]["activation_fn"] is nn.Tanh
+
+
+def test_optimize_of_ours_runs_rl_zoo3s_study_on_the_storage_with_heartbeats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """
+    ``-optimize --max-total-trials`` on a database URL: rl-zoo3 creates its study on the storage the manager opened
+    (heartbeats recorded), its budget is counted by TrialBudgetCallback (before the study and after the trial), and
+    rl-zoo3's names and the manager's ``storage`` are as before afterwards; optuna itself is never changed.
+    """
+    import sqlite3
+
+    import optuna
+    import rl_zoo3.exp_manager
+
+    from sb3_ppo_ext import zoo_manager
+
+    create_study, max_trials_callback = optuna.create_study, rl_zoo3.exp_manager.MaxTrialsCallback
+    counted: list[tuple] = []
+    count = zoo_manager.TrialBudgetCallback.count
+    monkeypatch.setattr(
+        zoo_manager.TrialBudgetCallback, "count", lambda self, study: counted.append(self.states) or count(self, study)
+    )
+    monkeypatch.setenv("SB3_PPO_EXT_HEARTBEAT_INTERVAL", "1")
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    manager = _manager(
+        "ppo_ext", "Pendulum-v1", tmp_path / "logs", optimize_hyperparameters=True, storage=url, study_name="s",
+        n_trials=3, max_total_trials=1, n_timesteps=64, n_evaluations=1, n_eval_episodes=1, sampler="random",
+        pruner="none", no_optim_plots=True, verbose=0, hyperparams={"n_envs": 1},
+    )  # fmt: skip
+    assert manager.setup_experiment() is None
+    manager.hyperparameters_optimization()
+    study = optuna.load_study(study_name="s", storage=url)
+    assert [trial.state for trial in study.trials] == [optuna.trial.TrialState.COMPLETE]
+    with sqlite3.connect(tmp_path / "study.db") as db:
+        assert db.execute("SELECT COUNT(*) FROM trial_heartbeats").fetchone()[0] == 1
+    assert len(counted) == 2 and all(optuna.trial.TrialState.RUNNING in states for states in counted)
+    assert manager.storage == url and optuna.create_study is create_study
+    assert rl_zoo3.exp_manager.MaxTrialsCallback is max_trials_callback
