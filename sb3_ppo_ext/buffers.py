@@ -1,18 +1,13 @@
 """Rollout buffers that carry ``pi_old``: the distribution each step's action was sampled from.
 
-The KL penalty compares the policy with ``pi_old``, the policy that collected the rollout. At the
-start of an update, before any parameter changes, the engine scores the whole rollout once (no
-gradients, eval mode, as during collection) and hands the distributions' parameters (a Gaussian's
-``loc`` and ``scale``, a Beta's concentrations, categorical or Bernoulli logits) to the buffer with
-:meth:`PiOldBuffer.set_old_distribution`. Each minibatch then carries its rows' parameters, as
-sb3-contrib's masked buffers return each sample's ``action_masks``: ``samples.old_distribution``
-(padded like every other field in a recurrent minibatch); :attr:`PiOldBuffer.distribution_kinds`
-says how to rebuild them (:func:`sb3_ppo_ext.distributions.distributions_from_parameters`).
+At the start of an update the engine scores the whole rollout once (no gradients, eval mode) and, for the KL
+penalty, hands the distributions' parameters (a Gaussian's ``loc`` and ``scale``, a Beta's concentrations,
+logits) to the buffer with :meth:`PiOldBuffer.set_old_distribution`. Each minibatch then carries its rows'
+parameters as ``samples.old_distribution`` (padded like every other field in a recurrent minibatch), rebuilt
+with :func:`sb3_ppo_ext.distributions.distributions_from_parameters` and :attr:`PiOldBuffer.distribution_kinds`.
 
-They are chosen through SB3's public seam, ``rollout_buffer_class`` (RecurrentPPO hard-codes its
-buffer: RecurrentPPOExt replaces it after upstream's ``_setup_model``), and behave exactly like the
-class they extend otherwise: the same minibatches in the same order from the same random draws,
-field for field.
+They are chosen through SB3's ``rollout_buffer_class`` (RecurrentPPOExt replaces RecurrentPPO's hard-coded
+buffer after upstream's ``_setup_model``) and give the same minibatches as the class they extend, field for field.
 """
 
 from __future__ import annotations
@@ -34,29 +29,20 @@ from stable_baselines3.common.buffers import DictRolloutBuffer, RolloutBuffer
 from stable_baselines3.common.type_aliases import DictRolloutBufferSamples, RolloutBufferSamples
 from stable_baselines3.common.vec_env import VecNormalize
 
+# A samples field as the buffers convert it: an array or tensor, or a dict (observations) or tuple (pi_old) of them.
+Field = Any
+
 
 def _with_old_distribution(samples_class: type) -> type:
     """A ``NamedTuple`` class with the fields of ``samples_class`` and ``old_distribution`` last."""
-    fields = [(name, Any) for name in samples_class._fields]  # type: ignore[attr-defined]
-    return NamedTuple(f"PiOld{samples_class.__name__}", [*fields, ("old_distribution", Any)])  # type: ignore[return-value]
-
-
-# The samples of each buffer below: upstream's fields, then ``old_distribution`` (a tuple of parameter
-# tensors, or ``None`` when the rollout does not carry pi_old).
-PiOldRolloutBufferSamples = _with_old_distribution(RolloutBufferSamples)
-PiOldDictRolloutBufferSamples = _with_old_distribution(DictRolloutBufferSamples)
-PiOldMaskableRolloutBufferSamples = _with_old_distribution(MaskableRolloutBufferSamples)
-PiOldMaskableDictRolloutBufferSamples = _with_old_distribution(MaskableDictRolloutBufferSamples)
-PiOldRecurrentRolloutBufferSamples = _with_old_distribution(RecurrentRolloutBufferSamples)
-PiOldRecurrentDictRolloutBufferSamples = _with_old_distribution(RecurrentDictRolloutBufferSamples)
+    fields = [(name, Field) for name in samples_class._fields]  # type: ignore[attr-defined]
+    return NamedTuple(f"PiOld{samples_class.__name__}", [*fields, ("old_distribution", Field)])  # type: ignore[return-value]
 
 
 class PiOldBuffer:
     """
-    What the buffers of this module add to their upstream class (placed first in their bases).
-
-    The parameters are numpy arrays of shape ``(buffer_size, n_envs, *parameter_shape)`` in the
-    parameters' own dtype, flattened with the rest of the rollout by the first ``get``.
+    What the buffers of this module add to their upstream class (placed first in their bases). The parameters
+    are arrays of shape ``(buffer_size, n_envs, *parameter_shape)``, flattened with the rollout by the first ``get``.
     """
 
     # Attributes of the upstream buffer, declared for type checkers.
@@ -67,13 +53,14 @@ class PiOldBuffer:
     generator_ready: bool
     device: th.device
 
-    samples_class: type = PiOldRolloutBufferSamples
+    # upstream's samples fields, then ``old_distribution`` (a tuple of parameter tensors; ``None`` without pi_old)
+    samples_class: type
 
     def reset(self) -> None:
         super().reset()  # type: ignore[misc]
         self.distribution_kinds: tuple[str, ...] | None = None
         self.old_distribution: list[np.ndarray] = []
-        self._tensors: dict[str, Any] | None = None
+        self._tensors: dict[str, Field] | None = None
 
     def set_old_distribution(self, kinds: tuple[str, ...], tensors: tuple[th.Tensor, ...]) -> None:
         """
@@ -95,45 +82,33 @@ class PiOldBuffer:
         """Whether :meth:`set_old_distribution` gave ``pi_old`` for this rollout."""
         return self.distribution_kinds is not None
 
-    def _old_distribution_of(self, batch_inds: np.ndarray) -> tuple[th.Tensor, ...] | None:
-        if not self.carries_pi_old:
-            return None
-        return tuple(self.to_torch(array[batch_inds]) for array in self.old_distribution)  # type: ignore[attr-defined]
-
-    def _tensor_fields(self) -> dict[str, Any] | None:
-        """
-        The flattened rollout as upstream's ``_get_samples`` converts it, one array per samples field
-        (``observations`` a dict of arrays for Dict spaces), the row-wise conversions applied to the whole
-        array: what :meth:`_get_samples` indexes. ``None``: upstream's ``_get_samples`` (recurrent buffers).
-        """
-        return None
+    def _tensor_fields(self) -> dict[str, Field]:
+        """The flattened rollout as upstream's ``_get_samples`` converts it, one array per samples field."""
+        raise NotImplementedError
 
     def _get_samples(self, batch_inds: np.ndarray, env: VecNormalize | None = None) -> Any:
         """
-        Upstream's samples of the rows ``batch_inds``, with ``old_distribution``. The flattened rollout is
-        converted to tensors once per rollout (on the buffer's device) and every minibatch indexed from
-        them, instead of converting each minibatch's rows: the same tensors, field for field (a test
-        compares them with the installed upstream's).
+        Upstream's samples of the rows ``batch_inds``, with ``old_distribution``: indexed from the flattened
+        rollout converted to tensors once per rollout (the same tensors as upstream's, field for field).
         """
         if env is not None or not self.generator_ready:
             samples = super()._get_samples(batch_inds, env)  # type: ignore[misc]
-            return self.samples_class(*samples, self._old_distribution_of(batch_inds))
+            old = tuple(self.to_torch(array[batch_inds]) for array in self.old_distribution) if self.carries_pi_old else None  # type: ignore[attr-defined]
+            return self.samples_class(*samples, old)
+        return self._rows(th.as_tensor(batch_inds, device=self.device))
+
+    def _rows(self, rows: th.Tensor | slice) -> Any:
+        """Samples of the rows ``rows`` of the rollout's tensors (a slice: views, no copy)."""
         if self._tensors is None:
-            fields = self._tensor_fields()
-            assert fields is not None
-            self._tensors = {name: _to_torch(self, value) for name, value in fields.items()}
+            self._tensors = {name: _to_torch(self, value) for name, value in self._tensor_fields().items()}
         if self.carries_pi_old and "old_distribution" not in self._tensors:
             self._tensors["old_distribution"] = _to_torch(self, tuple(self.old_distribution))
-        rows = th.as_tensor(batch_inds, device=self.device)
         picked = {name: _index(value, rows) for name, value in self._tensors.items()}
         picked.setdefault("old_distribution", None)
         return self.samples_class(**picked)
 
     def prepare_rollout(self) -> None:
-        """
-        Flatten the rollout as the first ``get`` does (upstream's ``get`` flattens on its first
-        step), leaving numpy's global random state as it was: the update's minibatches are drawn as before.
-        """
+        """Flatten the rollout as the first ``get`` does, leaving numpy's global random state as it was."""
         if self.generator_ready:
             return
         state = np.random.get_state()
@@ -145,17 +120,14 @@ class PiOldBuffer:
             np.random.set_state(state)
 
     def rollout_samples(self, chunk: int) -> Iterator[Any]:
-        """
-        The whole rollout as samples of up to ``chunk`` rows, in the flattened (environment-major)
-        row order, without random draws: what the update scores ``pi_new`` on after it.
-        """
+        """The whole rollout as samples of up to ``chunk`` rows, in the flattened row order, without random draws."""
         self.prepare_rollout()
         n_rows = self.buffer_size * self.n_envs
         for start in range(0, n_rows, chunk):
-            yield self._get_samples(np.arange(start, min(start + chunk, n_rows)))
+            yield self._rows(slice(start, min(start + chunk, n_rows)))
 
 
-def _to_torch(buffer: Any, value: Any) -> Any:
+def _to_torch(buffer: Any, value: Field) -> Field:
     """``buffer.to_torch`` of an array, or of each array of a dict or a tuple."""
     if isinstance(value, dict):
         return {key: buffer.to_torch(array) for key, array in value.items()}
@@ -164,7 +136,7 @@ def _to_torch(buffer: Any, value: Any) -> Any:
     return buffer.to_torch(value)
 
 
-def _index(value: Any, rows: th.Tensor) -> Any:
+def _index(value: Field, rows: th.Tensor | slice) -> Field:
     """Rows of a tensor, or of each tensor of a dict or a tuple."""
     if isinstance(value, dict):
         return {key: tensor[rows] for key, tensor in value.items()}
@@ -173,7 +145,7 @@ def _index(value: Any, rows: th.Tensor) -> Any:
     return value[rows]
 
 
-def _rollout_fields(buffer: Any, actions: np.ndarray) -> dict[str, Any]:
+def _rollout_fields(buffer: Any, actions: np.ndarray) -> dict[str, Field]:
     """The fields every rollout buffer's samples share, from the flattened rollout (as upstream's ``_get_samples``)."""
     observations = buffer.observations
     return {
@@ -189,14 +161,14 @@ def _rollout_fields(buffer: Any, actions: np.ndarray) -> dict[str, Any]:
 class _SB3Fields:
     """SB3's rollout buffers cast the actions to float32 (MultiBinary's int8 included)."""
 
-    def _tensor_fields(self) -> dict[str, Any]:
+    def _tensor_fields(self) -> dict[str, Field]:
         return _rollout_fields(self, self.actions.astype(np.float32, copy=False))  # type: ignore[attr-defined]
 
 
 class _MaskableFields:
     """sb3-contrib's masked buffers keep the actions' dtype and add the masks."""
 
-    def _tensor_fields(self) -> dict[str, Any]:
+    def _tensor_fields(self) -> dict[str, Field]:
         fields = _rollout_fields(self, self.actions)  # type: ignore[attr-defined]
         fields["action_masks"] = self.action_masks.reshape(-1, self.mask_dims)  # type: ignore[attr-defined]
         return fields
@@ -205,25 +177,25 @@ class _MaskableFields:
 class PiOldRolloutBuffer(_SB3Fields, PiOldBuffer, RolloutBuffer):
     """SB3's ``RolloutBuffer`` carrying ``pi_old`` (see :class:`PiOldBuffer`)."""
 
-    samples_class = PiOldRolloutBufferSamples
+    samples_class = _with_old_distribution(RolloutBufferSamples)
 
 
 class PiOldDictRolloutBuffer(_SB3Fields, PiOldBuffer, DictRolloutBuffer):
     """SB3's ``DictRolloutBuffer`` carrying ``pi_old`` (see :class:`PiOldBuffer`)."""
 
-    samples_class = PiOldDictRolloutBufferSamples
+    samples_class = _with_old_distribution(DictRolloutBufferSamples)
 
 
 class PiOldMaskableRolloutBuffer(_MaskableFields, PiOldBuffer, MaskableRolloutBuffer):
     """sb3-contrib's ``MaskableRolloutBuffer`` carrying ``pi_old`` (see :class:`PiOldBuffer`)."""
 
-    samples_class = PiOldMaskableRolloutBufferSamples
+    samples_class = _with_old_distribution(MaskableRolloutBufferSamples)
 
 
 class PiOldMaskableDictRolloutBuffer(_MaskableFields, PiOldBuffer, MaskableDictRolloutBuffer):
     """sb3-contrib's ``MaskableDictRolloutBuffer`` carrying ``pi_old`` (see :class:`PiOldBuffer`)."""
 
-    samples_class = PiOldMaskableDictRolloutBufferSamples
+    samples_class = _with_old_distribution(MaskableDictRolloutBufferSamples)
 
 
 class _RecurrentPiOld(PiOldBuffer):
@@ -232,8 +204,7 @@ class _RecurrentPiOld(PiOldBuffer):
     def _get_samples(self, batch_inds: np.ndarray, env_change: np.ndarray, env: VecNormalize | None = None) -> Any:  # type: ignore[override]
         samples = super(PiOldBuffer, self)._get_samples(batch_inds, env_change, env)  # type: ignore[misc]
         old = None
-        if self.carries_pi_old:
-            # ``pad`` is the padding of this minibatch's sequences, set by upstream's ``_get_samples``.
+        if self.carries_pi_old:  # ``pad``: this minibatch's padding, set by upstream's ``_get_samples``
             n_padded = len(samples.mask)
             old = tuple(
                 self.pad(array[batch_inds]).reshape((n_padded, *array.shape[1:]))  # type: ignore[attr-defined]
@@ -243,9 +214,8 @@ class _RecurrentPiOld(PiOldBuffer):
 
     def rollout_samples(self, chunk: int) -> Iterator[Any]:
         """
-        The whole rollout as one sample of padded sequences (each environment's steps from the LSTM
-        state stored at its first step, cut at episode starts), in row order, without random draws:
-        an LSTM pass cannot be cut into chunks of rows. ``chunk`` is not used.
+        The whole rollout as one sample of padded sequences (each environment's steps from its first stored LSTM
+        state, cut at episode starts), without random draws; an LSTM pass is not cut into chunks of rows.
         """
         self.prepare_rollout()
         env_change = np.zeros((self.buffer_size, self.n_envs))
@@ -256,13 +226,13 @@ class _RecurrentPiOld(PiOldBuffer):
 class PiOldRecurrentRolloutBuffer(_RecurrentPiOld, RecurrentRolloutBuffer):  # type: ignore[misc]  # upstream's add and _get_samples differ from its bases'
     """sb3-contrib's ``RecurrentRolloutBuffer`` carrying ``pi_old`` (see :class:`PiOldBuffer`)."""
 
-    samples_class = PiOldRecurrentRolloutBufferSamples
+    samples_class = _with_old_distribution(RecurrentRolloutBufferSamples)
 
 
 class PiOldRecurrentDictRolloutBuffer(_RecurrentPiOld, RecurrentDictRolloutBuffer):  # type: ignore[misc]  # upstream's add and _get_samples differ from its bases'
     """sb3-contrib's ``RecurrentDictRolloutBuffer`` carrying ``pi_old`` (see :class:`PiOldBuffer`)."""
 
-    samples_class = PiOldRecurrentDictRolloutBufferSamples
+    samples_class = _with_old_distribution(RecurrentDictRolloutBufferSamples)
 
 
 # Upstream's buffer classes -> the subclass carrying pi_old that replaces each (the same rollout otherwise).

@@ -1,27 +1,15 @@
 """The one PPO update that PPOExt, MaskablePPOExt and RecurrentPPOExt share.
 
-:class:`ExtUpdateEngine` is a mixin placed before the upstream algorithm in each class's bases
-(``PPOExt(ExtUpdateEngine, PPO)``, ``MaskablePPOExt(ExtUpdateEngine, MaskablePPO)``,
-``RecurrentPPOExt(ExtUpdateEngine, RecurrentPPO)``). Its ``train`` iterates the algorithm's own
-rollout buffer with ``get(batch_size)`` exactly as upstream does (same minibatches, same NumPy
-draws), and holds every loss term, the KL penalty and its beta rule, both value-clip forms,
-``target_kl``, the non-finite guard and every diagnostic once.
+:class:`ExtUpdateEngine` is a mixin placed before the upstream algorithm in each class's bases. Its ``train``
+iterates the algorithm's own rollout buffer with ``get(batch_size)`` as upstream does (same minibatches, same
+NumPy draws) and holds every loss term, the KL penalty and its beta rule, both value-clip forms, ``target_kl``,
+the non-finite guard and every diagnostic. Each algorithm overrides three seams: :meth:`~ExtUpdateEngine._evaluate_samples`
+(scoring a minibatch), :meth:`~ExtUpdateEngine._valid_samples` (the unpadded rows of a recurrent minibatch) and
+:meth:`~ExtUpdateEngine._samples_distribution` (the action distribution on samples).
 
-What differs per algorithm is three named seams, each a method the algorithm overrides:
-
-- :meth:`ExtUpdateEngine._evaluate_samples`: how the policy scores a minibatch (action masks,
-  LSTM states and episode starts);
-- :meth:`ExtUpdateEngine._valid_samples`: which samples of a minibatch count (the unpadded steps
-  of a recurrent minibatch; ``None``: all of them);
-- :meth:`ExtUpdateEngine._samples_distribution`: a policy's action distribution on a minibatch
-  (or on the whole rollout, before and after the update: ``pi_old`` and ``pi_new`` for the update's
-  KL, beta and diagnostics).
-
-``pi_old``, the distribution each action was sampled from, is the policy before the update: at the
-start of ``train`` one pass without gradients scores the whole rollout (the update's KL is measured
-against it) and, for the KL penalty, hands its parameters to the rollout buffer
-(:mod:`sb3_ppo_ext.buffers`, chosen through ``rollout_buffer_class``), so that every minibatch
-carries its rows' ``pi_old``.
+``pi_old`` is the policy before the update: at the start of ``train`` one pass without gradients scores the whole
+rollout (``train/kl`` is measured against it) and, for the KL penalty, hands its parameters to the rollout buffer
+(:mod:`sb3_ppo_ext.buffers`), so that every minibatch carries its rows' ``pi_old``.
 """
 
 from __future__ import annotations
@@ -29,13 +17,14 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import BaseBuffer
+from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.type_aliases import PyTorchObs
 from stable_baselines3.common.utils import explained_variance
 
@@ -53,10 +42,12 @@ from sb3_ppo_ext.distributions import (
 from sb3_ppo_ext.optim import OptimizerStep
 from sb3_ppo_ext.reliability import LOADING, Loading, ModelFileError
 
-# Threshold on |a| (in [-1, 1] units) above which a squashed action component counts as saturated.
+# |a| (in [-1, 1] units) above which a squashed action component counts as saturated.
 SATURATION_THRESHOLD = 0.99
-# Rows per forward pass when computing the whole rollout's distributions, before an update (pi_old) and after it.
+# Rows per forward pass of the no-grad passes over the whole rollout (pi_old before an update, pi_new after it).
 DISTRIBUTION_CHUNK = 2048
+
+Distributions = list[th.distributions.Distribution]
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -71,6 +62,14 @@ class NoTrustRegionWarning(UserWarning):
     """``clip_range=None`` with ``kl_coef=0``: the objective has neither a clipped surrogate nor a KL penalty."""
 
 
+class KLState(NamedTuple):
+    """What a live beta was adapted under (see :meth:`ExtUpdateEngine._live_kl_coef`)."""
+
+    kl_coef: Any
+    kl_target: Any
+    current_kl_coef: Any
+
+
 class Minibatch(NamedTuple):
     """One minibatch as the engine sees it."""
 
@@ -78,7 +77,7 @@ class Minibatch(NamedTuple):
     """the buffer's own samples (``RolloutBufferSamples``, ``MaskableRolloutBufferSamples``, ...)"""
     valid: th.Tensor | None
     """boolean mask of the valid samples among ``samples``' rows; ``None``: all are valid"""
-    old_distributions: list[th.distributions.Distribution] | None = None
+    old_distributions: Distributions | None = None
     """``pi_old`` on the valid samples (for the KL penalty; ``None`` without it)"""
 
     @property
@@ -88,61 +87,34 @@ class Minibatch(NamedTuple):
 
 
 class _UpdateStats:
-    """
-    Sample-weighted means (and extremes) of per-minibatch diagnostics over a whole update.
-
-    Per minibatch, the scalars of one ``add_mean`` call are stacked into one tensor and kept; the
-    weighted means are reduced once, when first read (one tensor op per minibatch instead of two
-    per diagnostic, and no host sync). Extremes keep the tensors and reduce them when read.
-    """
+    """Sample-weighted means (in float64) and extremes of per-minibatch diagnostics over an update, reduced when read."""
 
     def __init__(self) -> None:
-        # keys of one add_mean call -> (stacked rows, weights: numbers or 0-d tensors)
-        self._rows: dict[tuple[str, ...], tuple[list[th.Tensor], list[float | th.Tensor]]] = {}
-        self._means: dict[str, float] | None = None
-        self._extremes: dict[str, list[th.Tensor]] = {}
+        self.terms: list[dict[str, th.Tensor]] = []
+        self.weights: list[int | th.Tensor] = []
+        self.ratios: list[th.Tensor] = []
 
-    def add_mean(self, weight: float | th.Tensor, **values: th.Tensor) -> None:
-        with th.no_grad():  # the scalars of one minibatch share dtype and device
-            row = th.stack(tuple(values.values()))
-        rows, weights = self._rows.setdefault(tuple(values), ([], []))
-        rows.append(row)
-        weights.append(weight)
-        self._means = None
+    def add(self, weight: int | th.Tensor, terms: dict[str, th.Tensor]) -> None:
+        self.weights.append(weight)
+        self.terms.append({key: value.detach() for key, value in terms.items() if key != "ratio"})
+        self.ratios.append(terms["ratio"].detach().flatten())
 
-    def add_extremes(self, key: str, values: th.Tensor) -> None:
-        self._extremes.setdefault(key, []).append(values.detach().flatten())
+    def means(self) -> dict[str, float]:
+        device = self.terms[0]["loss"].device
+        weights = th.stack([th.as_tensor(w, dtype=th.float64, device=device) for w in self.weights])
+        total = weights.sum()
+        return {
+            key: float(((th.stack([terms[key] for terms in self.terms]).to(th.float64) * weights).sum() / total).item())
+            for key in self.terms[0]
+        }
 
-    def _reduce(self) -> dict[str, float]:
-        if self._means is None:
-            totals: dict[str, tuple[float, float]] = {}
-            for keys, (rows, weights) in self._rows.items():
-                device = rows[0].device
-                weight = th.stack([th.as_tensor(w, dtype=th.float64, device=device) for w in weights])
-                sums = (th.stack(rows).to(th.float64) * weight[:, None]).sum(dim=0).tolist()
-                for key, value in zip(keys, sums, strict=True):
-                    total, total_weight = totals.get(key, (0.0, 0.0))
-                    totals[key] = (total + value, total_weight + float(weight.sum().item()))
-            self._means = {key: total / total_weight for key, (total, total_weight) in totals.items()}
-        return self._means
-
-    def mean(self, key: str) -> float:
-        return float(self._reduce()[key])
-
-    def extremes(self, key: str) -> tuple[float, float]:
-        low, high = th.aminmax(th.cat(self._extremes[key]))
+    def ratio_extremes(self) -> tuple[float, float]:
+        low, high = th.aminmax(th.cat(self.ratios))
         return float(low.item()), float(high.item())
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._reduce()
 
 
 def flat_rollout(buffer: BaseBuffer, array: np.ndarray) -> np.ndarray:
-    """
-    A rollout array in the row order of the buffer's minibatches: ``(n_steps, n_envs, ...)`` ->
-    ``(n_envs * n_steps, ...)``, unless the buffer's first ``get`` has already flattened it
-    (SB3's public ``generator_ready`` and ``swap_and_flatten``).
-    """
+    """A rollout array in the row order of the buffer's minibatches (flattened unless the first ``get`` did it)."""
     return array if buffer.generator_ready else buffer.swap_and_flatten(array)  # type: ignore[attr-defined]
 
 
@@ -154,16 +126,6 @@ def flat_observations(buffer: BaseBuffer) -> PyTorchObs:
     return buffer.to_torch(flat_rollout(buffer, observations))
 
 
-def _valid_rows(dists: list[th.distributions.Distribution], valid: th.Tensor | None) -> list[th.distributions.Distribution]:
-    """The rows ``valid`` (a boolean mask) of batched torch distributions; all of them for ``None``."""
-    return dists if valid is None else [index_distribution(dist, valid) for dist in dists]
-
-
-def _joined(parts: list[list[th.distributions.Distribution]]) -> list[th.distributions.Distribution]:
-    """Per-chunk distributions joined along the batch (one chunk needs no concatenation)."""
-    return parts[0] if len(parts) == 1 else concat_distributions(parts)
-
-
 def index_observations(obs: PyTorchObs, index: th.Tensor | slice) -> PyTorchObs:
     """Rows ``index`` of a tensor or of each tensor of a dict observation."""
     if isinstance(obs, dict):
@@ -171,13 +133,18 @@ def index_observations(obs: PyTorchObs, index: th.Tensor | slice) -> PyTorchObs:
     return obs[index]
 
 
-class ExtUpdateEngine:
-    """
-    The PPO update with every extension; mixed into PPOExt, MaskablePPOExt and RecurrentPPOExt.
+def _valid_rows(dists: Distributions, valid: th.Tensor | None) -> Distributions:
+    """The rows ``valid`` (a boolean mask) of batched torch distributions; all of them for ``None``."""
+    return dists if valid is None else [index_distribution(dist, valid) for dist in dists]
 
-    The host class provides SB3's on-policy attributes (``policy``, ``rollout_buffer``,
-    ``clip_range``, ...) and the extension attributes set by :meth:`_init_extensions`.
-    """
+
+def _joined(parts: list[Distributions]) -> Distributions:
+    """Per-chunk distributions joined along the batch."""
+    return parts[0] if len(parts) == 1 else concat_distributions(parts)
+
+
+class ExtUpdateEngine:
+    """The PPO update with every extension; the host class provides SB3's on-policy attributes."""
 
     # Attributes of the host algorithm, declared for type checkers.
     policy: Any
@@ -189,7 +156,7 @@ class ExtUpdateEngine:
     n_envs: int
     n_steps: int
     device: th.device
-    clip_range: Any
+    clip_range: Any  # a schedule, or None; a float while upstream's _setup_model runs
     clip_range_vf: Any
     batch_size: int
     n_epochs: int
@@ -199,7 +166,7 @@ class ExtUpdateEngine:
     max_grad_norm: float
     target_kl: float | None
     verbose: int
-    logger: Any
+    logger: Logger
     _n_updates: int
     _current_progress_remaining: float
 
@@ -212,11 +179,7 @@ class ExtUpdateEngine:
         kl_adapt_tolerance: float,
         kl_coef_bounds: tuple[float, float],
     ) -> None:
-        """
-        Store the (already checked) extension settings; called by each algorithm's ``__init__`` after
-        upstream's. numpy integers are accepted for ``n_steps``, ``batch_size`` and ``n_epochs`` (as by
-        upstream); they are kept as Python ints for the update's index arithmetic.
-        """
+        """Store the (already checked) extension settings; called by each algorithm's ``__init__`` after upstream's."""
         self.vf_clip_mode = vf_clip_mode
         self.kl_coef = kl_coef
         self.kl_target = kl_target
@@ -224,13 +187,12 @@ class ExtUpdateEngine:
         self.kl_adapt_tolerance = kl_adapt_tolerance
         self.kl_coef_bounds = kl_coef_bounds
         self._normalise_settings()
-        # The live beta: adapted after each update, saved with the model, carried on by a
-        # continued ``learn``. Set here and not in ``_setup_model``: ``load`` (which calls
-        # ``_setup_model`` after restoring the saved attributes) applies the beta rule to the saved value.
+        # The live beta, saved with the model; set here, not in ``_setup_model``, which ``load`` calls after
+        # restoring the saved attributes (it applies the beta rule to the saved value).
         self.current_kl_coef = self._live_kl_coef(None)
 
     def _normalise_settings(self) -> None:
-        """The checked settings as the update uses them: Python ints (index arithmetic) and floats."""
+        """The checked settings as the update uses them: Python ints (index arithmetic; numpy ints are accepted) and floats."""
         self.n_steps, self.batch_size, self.n_epochs = int(self.n_steps), int(self.batch_size), int(self.n_epochs)
         self.kl_coef = float(self.kl_coef)
         self.kl_target = None if self.kl_target is None else float(self.kl_target)
@@ -239,25 +201,19 @@ class ExtUpdateEngine:
         self.kl_coef_bounds = (float(self.kl_coef_bounds[0]), float(self.kl_coef_bounds[1]))
 
     def _kl_state(self) -> tuple[Any, Any, Any]:
-        """``(kl_coef, kl_target, current_kl_coef)``: what :meth:`_live_kl_coef` carries a beta on from."""
-        return self.kl_coef, self.kl_target, self.current_kl_coef
+        """What :meth:`_live_kl_coef` carries a beta on from."""
+        return KLState(self.kl_coef, self.kl_target, self.current_kl_coef)
 
     def _live_kl_coef(self, previous: tuple[Any, Any, Any] | None) -> Any:
         """
-        The beta rule, the one place that decides the live beta (``current_kl_coef``) from the settings:
+        The beta rule, the one place that decides the live beta (``current_kl_coef``): 0 with the penalty off;
+        ``kl_coef`` for a fixed beta (``kl_target=None``: a ``kl_coef`` given to ``load`` or set by
+        :class:`~sb3_ppo_ext.callbacks.ParameterScheduler` is the beta every update uses); for an adaptive beta,
+        carried on from ``previous`` when that was an adaptive beta under the same ``kl_coef`` (a continued
+        ``learn``, a ``load`` giving the saved ``kl_coef`` again), otherwise ``kl_coef``.
 
-        - penalty off (``kl_coef == 0``): 0;
-        - fixed beta (``kl_target=None``): ``kl_coef``, always: a ``kl_coef`` given to ``load`` or set
-          by :class:`~sb3_ppo_ext.callbacks.ParameterScheduler` is the beta every update uses;
-        - adaptive beta (``kl_target`` set): carried on from ``previous`` when that was an adaptive
-          beta configured with the same ``kl_coef``; otherwise it starts at ``kl_coef``. So a new
-          model, a penalty switched on at load and a ``kl_coef`` given at load that differs from the
-          saved one start at ``kl_coef``, while a continued ``learn`` and a ``load`` that gives the
-          saved ``kl_coef`` again (rl-zoo3's ``-i`` passes the yml's) keep the adapted beta.
-
-        :param previous: ``(kl_coef, kl_target, current_kl_coef)`` the live beta was adapted under
-            (:meth:`_kl_state`; at load, the file's), or ``None`` for a new model
-        :return: the live beta (the carried-on value as it is: :meth:`_settings_error` checks it)
+        :param previous: the :class:`KLState` the live beta was adapted under (at load, the file's), or ``None``
+        :return: the live beta (a carried-on value as it is: :meth:`_settings_error` checks it)
         """
         if not self.kl_coef > 0:
             return 0.0
@@ -414,11 +370,8 @@ class ExtUpdateEngine:
 
     def _choose_rollout_buffer_class(self) -> None:
         """
-        ``rollout_buffer_class`` as ``_setup_model`` uses it: where it is ``None`` (upstream's choice by
-        the observation space) or one of upstream's own buffer classes, the subclass of that class that
-        carries ``pi_old`` (:data:`sb3_ppo_ext.buffers.PI_OLD_BUFFERS`: the same rollout and minibatches,
-        plus each sample's ``old_distribution``). A class of the user's own is kept; the KL penalty then
-        needs it to be a :class:`~sb3_ppo_ext.buffers.PiOldBuffer` (:meth:`_check_pi_old_buffer`).
+        ``rollout_buffer_class``: for ``None`` or one of upstream's classes, its subclass that carries ``pi_old``
+        (:data:`sb3_ppo_ext.buffers.PI_OLD_BUFFERS`); a class of the user's own is kept.
         """
         if self._pi_old_buffer_classes is None:
             return
@@ -439,16 +392,13 @@ class ExtUpdateEngine:
             )
 
     def collect_rollouts(self, *args: Any, **kwargs: Any) -> bool:
-        """
-        The algorithm's collection (:meth:`_collect_rollouts`); a policy of this package acts on its
-        :class:`~sb3_ppo_ext.policies.ActingPlan` meanwhile (``policy.acting()``).
-        """
+        """The algorithm's collection, a policy of this package acting on its ``ActingPlan`` meanwhile."""
         acting = getattr(self.policy, "acting", None)
         with acting() if acting is not None else contextlib.nullcontext():
             return self._collect_rollouts(*args, **kwargs)
 
     def _collect_rollouts(self, *args: Any, **kwargs: Any) -> bool:
-        """Upstream's ``collect_rollouts``: a seam for an algorithm that collects otherwise (RecurrentPPOExt, squashed)."""
+        """Upstream's ``collect_rollouts``: a seam for an algorithm that collects otherwise."""
         return super().collect_rollouts(*args, **kwargs)  # type: ignore[misc]
 
     @property
@@ -462,10 +412,8 @@ class ExtUpdateEngine:
         self, samples: Any, actions: th.Tensor, need_distribution: bool
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Any]:
         """
-        Values, log-probabilities, entropy and (if needed) the action distribution on a minibatch.
-
-        With ``ent_coef == 0`` the entropy is only logged: a policy of this package computes it
-        outside the autograd graph (same value, same random draws).
+        Values, log-probabilities, entropy and (if needed) the action distribution on a minibatch. With
+        ``ent_coef == 0`` a policy of this package computes the entropy outside the autograd graph.
 
         :param samples: the buffer's minibatch
         :param actions: its actions as the policy scores them (long for Discrete)
@@ -480,8 +428,7 @@ class ExtUpdateEngine:
             return self.policy.evaluate_actions_and_distribution(
                 samples.observations, actions, entropy_requires_grad=entropy_requires_grad
             )
-        # A plain SB3 ActorCriticPolicy (e.g. loaded from a stock PPO file): a second actor pass
-        # yields the distribution.
+        # A plain SB3 ActorCriticPolicy (e.g. loaded from a stock PPO file): a second actor pass yields the distribution.
         values, log_prob, entropy = self.policy.evaluate_actions(samples.observations, actions)
         return values, log_prob, entropy, self.policy.get_distribution(samples.observations) if need_distribution else None
 
@@ -493,9 +440,9 @@ class ExtUpdateEngine:
         """``policy``'s (SB3) action distribution on the samples (of a minibatch, or of the whole rollout)."""
         return policy.get_distribution(samples.observations)
 
-    def _rollout_distributions(self) -> list[th.distributions.Distribution]:
+    def _rollout_distributions(self) -> Distributions:
         """
-        The policy's (detached) action distributions on every valid rollout sample, in eval mode, in the
+        The policy's action distributions on every valid rollout sample, without gradients, in eval mode, in the
         buffer's flattened row order: ``pi_old`` before the update, ``pi_new`` after it.
         """
         buffer = self.rollout_buffer
@@ -509,37 +456,32 @@ class ExtUpdateEngine:
                 parts.append(_valid_rows(torch_distributions(self._samples_distribution(self.policy, samples)), valid))
         return _joined(parts)
 
-    def _flat_rollout_distributions(self) -> list[th.distributions.Distribution]:
-        """
-        :meth:`_rollout_distributions` for a buffer class of the user's own (a subclass of the
-        algorithm's upstream buffer): on its flattened observations, in chunks of ``DISTRIBUTION_CHUNK`` rows.
-        """
+    def _flat_rollout_distributions(self) -> Distributions:
+        """:meth:`_rollout_distributions` for a buffer class of the user's own, on its flattened observations."""
         obs = flat_observations(self.rollout_buffer)
         n_samples = self.rollout_buffer.buffer_size * self.rollout_buffer.n_envs
         return self._chunked_distributions(
             n_samples, lambda index: self.policy.get_distribution(index_observations(obs, index))
         )
 
-    def _chunked_distributions(self, n_samples: int, distribution_of: Any) -> list[th.distributions.Distribution]:
-        """Torch distributions of ``distribution_of(rows)`` over all rows, computed chunk by chunk without autograd."""
+    def _chunked_distributions(self, n_samples: int, distribution_of: Callable[[slice], Any]) -> Distributions:
+        """Torch distributions of ``distribution_of(rows)`` over all rows, chunk by chunk, without autograd."""
         self.policy.set_training_mode(False)
         with th.no_grad():
-            chunks = [
-                torch_distributions(distribution_of(slice(start, start + DISTRIBUTION_CHUNK)))
-                for start in range(0, n_samples, DISTRIBUTION_CHUNK)
-            ]
-        # Computed without autograd, so there is nothing to detach; one chunk needs no concatenation.
-        return chunks[0] if len(chunks) == 1 else concat_distributions(chunks)
+            return _joined(
+                [
+                    torch_distributions(distribution_of(slice(start, start + DISTRIBUTION_CHUNK)))
+                    for start in range(0, n_samples, DISTRIBUTION_CHUNK)
+                ]
+            )
 
     # ---- the update -----------------------------------------------------------------------------
 
     def _update_learning_rates(self) -> None:
         """
-        Upstream's ``_update_learning_rate``: every parameter group at ``lr_schedule``, logged as
-        ``train/learning_rate``. For a policy with per-network rates (``policy_kwargs["learning_rates"]``),
-        the actor's and the critic's groups then follow their own schedules (``policy.set_learning_rates``),
-        logged as ``train/learning_rate_pi`` and ``train/learning_rate_vf``, with ``train/learning_rate``
-        the actor's rate; a group added by the user keeps ``lr_schedule``, as upstream.
+        Upstream's ``_update_learning_rate``; with per-network rates (``policy_kwargs["learning_rates"]``) the
+        actor's and critic's groups then follow their own schedules, logged as ``train/learning_rate_pi`` and
+        ``train/learning_rate_vf`` (``train/learning_rate``: the actor's).
         """
         self._update_learning_rate(self.policy.optimizer)  # type: ignore[attr-defined]
         if getattr(self.policy, "learning_rate_schedules", None) is None:
@@ -560,32 +502,22 @@ class ExtUpdateEngine:
         )
 
     def _scored_actions(self, actions: th.Tensor) -> th.Tensor:
-        """
-        Actions as the policy scores them: Discrete actions are stored as floats of shape (n, 1);
-        integer actions of other spaces are cast to float, as SB3's buffers do (sb3-contrib's recurrent
-        buffers hand MultiBinary actions back as the space's ``int8``, which the Bernoulli log-prob refuses).
-        """
+        """Actions as the policy scores them: Discrete as longs of shape (n,), integer actions of other spaces as floats."""
         if isinstance(self.action_space, spaces.Discrete):
             return actions.long().flatten()
         return actions if actions.is_floating_point() else actions.float()
 
     def minibatch_losses(
-        self,
-        batch: Minibatch,
-        clip_range: float | None,
-        clip_range_vf: float | None,
-        kl_coef: float,
+        self, batch: Minibatch, clip_range: float | None, clip_range_vf: float | None, kl_coef: float
     ) -> dict[str, th.Tensor]:
         """
         Every loss term and per-minibatch diagnostic of one minibatch.
 
-        :param batch: the minibatch, its valid samples and (for the analytic KL penalty, when
-            ``kl_coef > 0``) ``pi_old`` on them
+        :param batch: the minibatch, its valid samples and (with ``kl_coef > 0``) ``pi_old`` on them
         :param clip_range: current surrogate clip range, or ``None``
         :param clip_range_vf: current value clip range, or ``None``
         :param kl_coef: current ``beta`` (0: no penalty)
-        :return: ``loss`` (with gradient) and its terms, ``approx_kl``, clip fractions (detached)
-            and the per-sample ``ratio`` of the valid samples
+        :return: ``loss`` (with gradient), its terms, ``approx_kl``, clip fractions and the valid samples' ``ratio``
         """
         samples, valid = batch.samples, batch.valid
         values, log_prob, entropy, distribution = self._evaluate_samples(
@@ -599,7 +531,6 @@ class ExtUpdateEngine:
             counted = advantages if valid is None else advantages[valid]
             advantages = (advantages - counted.mean()) / (counted.std() + 1e-8)
 
-        # ratio between old and new policy, should be one at the first minibatch
         log_ratio = log_prob - samples.old_log_prob
         ratio = th.exp(log_ratio)
         policy_loss = losses.clipped_surrogate_loss(advantages, ratio, clip_range, valid)
@@ -609,17 +540,14 @@ class ExtUpdateEngine:
             assert distribution is not None and batch.old_distributions is not None
             new = _valid_rows(torch_distributions(distribution), valid)
             kl_penalty = losses.kl_penalty_loss(analytic_kl(batch.old_distributions, new), kl_coef)
-            terms["kl_penalty"] = kl_penalty
+            terms["kl_penalty"] = kl_penalty.detach()
         value_loss = losses.value_loss(values, old_values, samples.returns, clip_range_vf, self.vf_clip_mode, valid)
         # Entropy loss favors exploration; approximate it from samples when there is no closed form
         entropy_mean = -losses.masked_mean(log_prob, valid) if entropy is None else losses.masked_mean(entropy, valid)
         entropy_loss = -entropy_mean
 
-        # Without the penalty no zero tensor is added (one autograd node fewer, the same value).
-        # Summed in upstream's order (policy, entropy, value), so that without the squashed head
-        # and the penalty the loss and its gradient are upstream's bit for bit. With ent_coef == 0
-        # the entropy term adds nothing but a backward pass through the entropy estimate (a Monte
-        # Carlo sample for the squashed head): it is left out of the graph (x + 0 * y == x exactly).
+        # Summed in upstream's order (policy, entropy, value): without the squashed head and the penalty, the loss
+        # and its gradient are upstream's bit for bit. A zero entropy term stays out of the graph (x + 0 * y == x).
         loss = policy_loss if kl_penalty is None else policy_loss + kl_penalty
         if self.ent_coef != 0:
             loss = loss + self.ent_coef * entropy_loss
@@ -640,16 +568,11 @@ class ExtUpdateEngine:
             if clip_range_vf is not None:
                 valid_values, valid_old = (values, old_values) if valid is None else (values[valid], old_values[valid])
                 terms["clip_fraction_vf"] = losses.value_clip_fraction(valid_values, valid_old, clip_range_vf)
-        if "kl_penalty" in terms:
-            terms["kl_penalty"] = terms["kl_penalty"].detach()
         terms["loss"] = loss
         return terms
 
     def _minibatches(self, with_old: bool = False) -> Generator[Minibatch, None, None]:
-        """
-        One epoch's minibatches: the buffer's own ``get(batch_size)``, with their valid samples and,
-        with ``with_old``, ``pi_old`` on them (from the parameters the samples carry).
-        """
+        """One epoch's minibatches (the buffer's ``get(batch_size)``), with ``with_old`` ``pi_old`` on them."""
         kinds = self.rollout_buffer.distribution_kinds if with_old else None
         for samples in self.rollout_buffer.get(self.batch_size):
             valid = self._valid_samples(samples)
@@ -657,12 +580,7 @@ class ExtUpdateEngine:
             yield Minibatch(samples, valid, old)
 
     def train(self) -> None:
-        """
-        Update policy using the currently gathered rollout buffer.
-
-        Written out rather than extending the upstream ``train``, which has no hook for extra loss
-        terms or per-minibatch statistics; the steps and their order follow upstream's.
-        """
+        """Update policy using the currently gathered rollout buffer (upstream's steps, in upstream's order)."""
         # pi_old: the policy as it collected the rollout (eval mode), on every sample, before any parameter changes
         old_distributions = self._rollout_distributions()
         self.policy.set_training_mode(True)
@@ -678,22 +596,19 @@ class ExtUpdateEngine:
 
         stats = _UpdateStats()
         grad_norms: list[th.Tensor] = []
-        # upstream's zero_grad, clip_grad_norm_ and Adam step, bit for bit, with less work per call (sb3_ppo_ext.optim)
+        # upstream's zero_grad, clip_grad_norm_ and Adam step, bit for bit (sb3_ppo_ext.optim)
         optimizer_step = OptimizerStep(self.policy.optimizer, list(self.policy.parameters()), self.max_grad_norm)
         continue_training = True
         epochs_completed = 0
         for epoch in range(self.n_epochs):
-            # Closed explicitly (also after an early stop or an error): the buffer's generator is finished.
             batches = self._minibatches(with_old=kl_coef > 0)
             try:
                 for batch in batches:
                     terms = self.minibatch_losses(batch, clip_range, clip_range_vf, kl_coef)
                     loss, approx_kl = terms["loss"], terms["approx_kl"]
-                    stats.add_mean(batch.n_valid, **{k: v for k, v in terms.items() if k != "ratio"})
-                    stats.add_extremes("ratio", terms["ratio"])
+                    stats.add(batch.n_valid, terms)
 
-                    # Early stopping on SB3's criterion, see SB3 issue #417 and PR #419; a non-finite
-                    # loss is reported before it (the comparison reads the host anyway).
+                    # Early stopping on SB3's criterion (SB3 issue #417, PR #419), a non-finite loss reported before it.
                     if self.target_kl is not None:
                         if not math.isfinite(loss.item()):
                             self._raise_non_finite("loss", epoch, terms)
@@ -708,8 +623,7 @@ class ExtUpdateEngine:
                     optimizer_step.zero_grad()
                     loss.backward()
                     grad_norm = optimizer_step.clip()
-                    # One host read per minibatch for both guards: loss + norm is finite iff both are. Nothing
-                    # has reached the parameters yet (the optimizer steps below); the raise clears the gradients.
+                    # One host read for both guards (loss + norm is finite iff both are), before the optimizer steps.
                     if not math.isfinite((loss.detach() + grad_norm).item()):
                         if not math.isfinite(loss.item()):
                             self._raise_non_finite("loss", epoch, terms)
@@ -717,7 +631,7 @@ class ExtUpdateEngine:
                     grad_norms.append(grad_norm.detach())
                     optimizer_step.step()
             finally:
-                batches.close()
+                batches.close()  # the buffer's generator is finished, also after an early stop or an error
             self._n_updates += 1
             if not continue_training:
                 break
@@ -726,26 +640,16 @@ class ExtUpdateEngine:
         # pi_new on every sample: the analytic KL(pi_old || pi_new) of this update.
         new_distributions = self._rollout_distributions()
         kl = analytic_kl(old_distributions, new_distributions)
-        mean_kl = float(kl.mean().item())
         if self.uses_kl_penalty and self.kl_target is not None:
             self.current_kl_coef = losses.adapt_kl_coef(
                 self.current_kl_coef,
-                mean_kl,
+                float(kl.mean().item()),
                 self.kl_target,
                 factor=self.kl_adapt_factor,
                 tolerance=self.kl_adapt_tolerance,
                 bounds=self.kl_coef_bounds,
             )
-        self._log_update(
-            stats,
-            grad_norms,
-            epochs_completed=epochs_completed,
-            kl=kl,
-            kl_coef=kl_coef,
-            new_distributions=new_distributions,
-            clip_range=clip_range,
-            clip_range_vf=clip_range_vf,
-        )
+        self._log_update(stats, grad_norms, epochs_completed, kl, kl_coef, new_distributions, clip_range, clip_range_vf)
 
     def _log_update(
         self,
@@ -754,18 +658,19 @@ class ExtUpdateEngine:
         epochs_completed: int,
         kl: th.Tensor,
         kl_coef: float,
-        new_distributions: list[th.distributions.Distribution],
+        new_distributions: Distributions,
         clip_range: float | None,
         clip_range_vf: float | None,
     ) -> None:
-        """Record an update's diagnostics under ``train/`` (see the README's metrics glossary)."""
+        """Record an update's diagnostics under ``train/`` (docs/guide/diagnostics.md)."""
         record = self.logger.record
+        means = stats.means()
         for key in ("entropy_loss", "policy_gradient_loss", "value_loss", "approx_kl", "loss", "entropy"):
-            record(f"train/{key}", stats.mean(key))
+            record(f"train/{key}", means[key])
         for key in ("clip_fraction", "clip_fraction_vf", "kl_penalty"):
-            if key in stats:
-                record(f"train/{key}", stats.mean(key))
-        ratio_min, ratio_max = stats.extremes("ratio")
+            if key in means:
+                record(f"train/{key}", means[key])
+        ratio_min, ratio_max = stats.ratio_extremes()
         record("train/ratio_min", ratio_min)
         record("train/ratio_max", ratio_max)
         if grad_norms:
@@ -779,11 +684,10 @@ class ExtUpdateEngine:
         if std is not None:
             record("train/std", std)
         if getattr(self.policy, "squash_output", False) and isinstance(self.action_space, spaces.Box):
-            # A mean over every stored pre-squash action (or Beta logit): no need to flatten the buffer or copy it into torch.
+            # Over every stored pre-squash action (or Beta logit), in the buffer's own arrays.
             actions = self.rollout_buffer.actions
             unit = self.policy.unit_actions(actions) if hasattr(self.policy, "unit_actions") else np.tanh(actions)
-            saturated = np.abs(unit) > SATURATION_THRESHOLD
-            record("train/action_saturation", float(saturated.mean()))
+            record("train/action_saturation", float((np.abs(unit) > SATURATION_THRESHOLD).mean()))
         explained_var = explained_variance(self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten())
         record("train/explained_variance", explained_var)
         record("train/n_updates", self._n_updates, exclude="tensorboard")
@@ -793,18 +697,12 @@ class ExtUpdateEngine:
             record("train/clip_range_vf", clip_range_vf)
 
 
-def extension_arguments(
-    vf_clip_mode: Any, kl_coef: Any, kl_target: Any, kl_adapt_factor: Any, kl_adapt_tolerance: Any, kl_coef_bounds: Any
-) -> dict[str, Any]:
-    """The extensions' own constructor arguments by name: what :meth:`ExtUpdateEngine._init_extensions` takes."""
-    return dict(
-        vf_clip_mode=vf_clip_mode,
-        kl_coef=kl_coef,
-        kl_target=kl_target,
-        kl_adapt_factor=kl_adapt_factor,
-        kl_adapt_tolerance=kl_adapt_tolerance,
-        kl_coef_bounds=kl_coef_bounds,
-    )
+EXTENSION_ARGUMENTS = ("vf_clip_mode", "kl_coef", "kl_target", "kl_adapt_factor", "kl_adapt_tolerance", "kl_coef_bounds")
+
+
+def extension_arguments(*values: object) -> dict[str, Any]:
+    """The extensions' constructor arguments (in :data:`EXTENSION_ARGUMENTS`' order) by name, for ``_init_extensions``."""
+    return dict(zip(EXTENSION_ARGUMENTS, values, strict=True))
 
 
 def _engine_classes() -> Iterator[type]:
@@ -818,6 +716,7 @@ def _engine_classes() -> Iterator[type]:
 
 __all__ = [
     "ExtUpdateEngine",
+    "KLState",
     "Minibatch",
     "NoTrustRegionWarning",
     "NonFiniteLossError",

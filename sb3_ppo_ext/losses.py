@@ -1,9 +1,7 @@
 """PPO loss terms as small pure functions, each named after its formula.
 
-All value losses share one scale, the mean squared error *without* a 0.5 factor (SB3's
-``F.mse_loss``), so that ``vf_coef`` means the same thing in every mode and the same as in stock
-SB3 PPO. CleanRL and baselines PPO2 use ``0.5 * MSE``: their ``vf_coef=0.5`` corresponds to
-``vf_coef=0.25`` here.
+Every value loss is on SB3's scale, the mean squared error without a 0.5 factor, so ``vf_coef`` means the same
+in every mode and as in stock PPO (CleanRL's and PPO2's ``vf_coef=0.5`` on ``0.5 * MSE`` is ``0.25`` here).
 """
 
 from __future__ import annotations
@@ -17,8 +15,7 @@ from sb3_ppo_ext.validation import VF_CLIP_MODES, InvalidSettingError
 
 
 def masked_mean(values: th.Tensor, valid: th.Tensor | None) -> th.Tensor:
-    """``values.mean()``, or the mean over the ``valid`` samples only (``th.mean(values[valid])``,
-    the operations of sb3-contrib's RecurrentPPO for padded sequences)."""
+    """``values.mean()``, or over the ``valid`` samples only (``th.mean(values[valid])``, as RecurrentPPO)."""
     return values.mean() if valid is None else th.mean(values[valid])
 
 
@@ -26,16 +23,13 @@ def clipped_surrogate_loss(
     advantages: th.Tensor, ratio: th.Tensor, clip_range: float | None, valid: th.Tensor | None = None
 ) -> th.Tensor:
     """
-    PPO's clipped surrogate objective, negated for minimisation (Schulman et al. 2017, eq. 7):
-
-    ``L = -mean(min(A * r, A * clip(r, 1 - eps, 1 + eps)))``; with ``clip_range=None`` the
-    unclipped ``-mean(A * r)`` (the surrogate of the KL-penalty objective, eq. 8).
+    PPO's clipped surrogate, negated (Schulman et al. 2017, eq. 7): ``-mean(min(A * r, A * clip(r, 1 - eps, 1 + eps)))``;
+    with ``clip_range=None`` the unclipped ``-mean(A * r)`` of the KL-penalty objective (eq. 8).
 
     :param advantages: advantage estimates ``A``
     :param ratio: probability ratios ``r = pi(a|s) / pi_old(a|s)``
     :param clip_range: ``eps``, or ``None`` for no clipping
     :param valid: boolean mask of the samples that count (padded sequences), ``None`` for all
-    :return: scalar loss
     """
     surrogate = advantages * ratio
     if clip_range is None:
@@ -45,13 +39,7 @@ def clipped_surrogate_loss(
 
 
 def kl_penalty_loss(kl: th.Tensor, kl_coef: float) -> th.Tensor:
-    """
-    KL penalty of PPO1 (Schulman et al. 2017, eq. 8): ``beta * mean(KL(pi_old || pi))``.
-
-    :param kl: per-sample ``KL(pi_old(.|s) || pi(.|s))``
-    :param kl_coef: ``beta``
-    :return: scalar loss
-    """
+    """PPO1's KL penalty (Schulman et al. 2017, eq. 8): ``beta * mean(KL(pi_old || pi))`` of per-sample KLs."""
     return kl_coef * kl.mean()
 
 
@@ -69,12 +57,8 @@ def value_loss(
     valid: th.Tensor | None = None,
 ) -> th.Tensor:
     """
-    Value-function loss, always on the ``mean((V - R)^2)`` scale.
-
-    - ``clip_range_vf=None``: ``mean((V - R)^2)``
-    - ``mode="clipped"`` (SB3): ``mean((V_clip - R)^2)``; no gradient where ``|V - V_old| > eps_v``
-    - ``mode="max"`` (baselines PPO2, CleanRL, labml): ``mean(max((V - R)^2, (V_clip - R)^2))``;
-      outside the band the unclipped term still pushes ``V`` towards ``R`` whenever it is the larger
+    Value loss on the ``mean((V - R)^2)`` scale: unclipped with ``clip_range_vf=None``; ``"clipped"`` (SB3)
+    ``mean((V_clip - R)^2)``; ``"max"`` (PPO2, CleanRL) ``mean(max((V - R)^2, (V_clip - R)^2))``.
 
     :param values: new value predictions ``V``
     :param old_values: value predictions at rollout time ``V_old``
@@ -82,7 +66,6 @@ def value_loss(
     :param clip_range_vf: ``eps_v``, or ``None`` for no clipping
     :param mode: ``"clipped"`` or ``"max"``
     :param valid: boolean mask of the samples that count (padded sequences), ``None`` for all
-    :return: scalar loss
     """
     if mode not in VF_CLIP_MODES:
         raise InvalidSettingError(f"vf_clip_mode={mode!r} is not one of {VF_CLIP_MODES}")
@@ -90,10 +73,8 @@ def value_loss(
     if clip_range_vf is not None and mode == "max":
         return masked_mean(th.max((values - returns) ** 2, (predicted - returns) ** 2), valid)
     if valid is None:
-        # F.mse_loss(R, .) as stock PPO computes it (same kernel, hence the same bits, in its two forms).
-        return F.mse_loss(returns, predicted)
-    # RecurrentPPO's masked form, operation for operation.
-    return th.mean(((returns - predicted) ** 2)[valid])
+        return F.mse_loss(returns, predicted)  # as stock PPO (same kernel, same bits)
+    return th.mean(((returns - predicted) ** 2)[valid])  # RecurrentPPO's masked form
 
 
 def clip_fraction(ratio: th.Tensor, clip_range: float) -> th.Tensor:
@@ -108,15 +89,11 @@ def value_clip_fraction(values: th.Tensor, old_values: th.Tensor, clip_range_vf:
 
 def approx_kl_k3(log_ratio: th.Tensor, valid: th.Tensor | None = None) -> th.Tensor:
     """
-    Schulman's unbiased, non-negative ``k3`` estimator of ``KL(pi_old || pi)`` from samples of
-    ``pi_old``: ``mean((r - 1) - log r)`` with ``log r = log pi - log pi_old``.
-
-    Computed with the same operations as stock PPO (``exp(log r) - 1`` rather than the slightly
-    more accurate ``expm1``), so that a ``target_kl`` early stop decides exactly as PPO's does.
+    Schulman's ``k3`` estimator of ``KL(pi_old || pi)``: ``mean((r - 1) - log r)``, with stock PPO's operations
+    (``exp(log r) - 1``, not ``expm1``) so that a ``target_kl`` early stop decides exactly as PPO's.
 
     :param log_ratio: ``log pi(a|s) - log pi_old(a|s)`` for actions sampled from ``pi_old``
     :param valid: boolean mask of the samples that count (padded sequences), ``None`` for all
-    :return: scalar estimate
     """
     return masked_mean((th.exp(log_ratio) - 1) - log_ratio, valid)
 
@@ -130,18 +107,15 @@ def adapt_kl_coef(
     bounds: tuple[float, float] = (1e-4, 1e4),
 ) -> float:
     """
-    Adaptive KL coefficient of Schulman et al. 2017, section 4, applied once per update:
-    with ``d`` the mean ``KL(pi_old || pi)`` after the update,
-    ``d < d_targ / tolerance`` -> ``beta / factor``; ``d > d_targ * tolerance`` -> ``beta * factor``;
-    otherwise ``beta`` is unchanged. The result is clamped to ``bounds``.
+    The adaptive KL coefficient (Schulman et al. 2017, section 4), once per update: ``beta / factor`` when
+    ``kl < kl_target / tolerance``, ``beta * factor`` when ``kl > kl_target * tolerance``, clamped to ``bounds``.
 
     :param kl_coef: current ``beta``
-    :param kl: measured mean KL ``d``
+    :param kl: measured mean ``KL(pi_old || pi)`` after the update
     :param kl_target: ``d_targ``
     :param factor: multiplicative step (paper: 2)
     :param tolerance: band half-width as a ratio (paper: 1.5)
     :param bounds: ``(min, max)`` of ``beta``
-    :return: the new ``beta``
     """
     if not math.isfinite(kl):
         raise FloatingPointError(f"cannot adapt the KL coefficient from a non-finite KL ({kl})")

@@ -8,11 +8,7 @@ import torch as th
 from stable_baselines3 import PPO
 from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.policies import ActorCriticPolicy, BasePolicy
-from stable_baselines3.common.type_aliases import (
-    GymEnv,
-    MaybeCallback,
-    Schedule,
-)
+from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
 
 from sb3_ppo_ext.buffers import PiOldDictRolloutBuffer, PiOldRolloutBuffer
 from sb3_ppo_ext.engine import ExtUpdateEngine, NonFiniteLossError, extension_arguments
@@ -25,19 +21,12 @@ SelfPPOExt = TypeVar("SelfPPOExt", bound="PPOExt")
 
 class PPOExt(ModelFiles, ExtUpdateEngine, PPO):
     """
-    Proximal Policy Optimization with the extensions SB3's PPO lacks; a drop-in for ``PPO``.
-
-    - an exact tanh-squashed Gaussian head for ``Box`` actions, on by default
-      (see :class:`sb3_ppo_ext.policies.PPOExtActorCriticPolicy`; ``policy_kwargs=dict(squash_output=False)``
-      restores stock PPO's Gaussian-plus-clip);
-    - the value loss clipped in SB3's form or the max-of-two form of PPO2 (``vf_clip_mode``);
-    - the KL-penalty objective of PPO1, with a fixed or adaptive coefficient, alone or together
-      with the clipped surrogate (Schulman et al. 2017, sections 3-4);
-    - diagnostics averaged over every minibatch of every epoch run, in the ``train/`` namespace.
-
-    PPO1 is ``clip_range=None, kl_coef=1.0, kl_target=0.01``; the defaults are PPO2.
-
-    Paper: https://arxiv.org/abs/1707.06347
+    Proximal Policy Optimization with the extensions SB3's PPO lacks; a drop-in for ``PPO``: an exact tanh-squashed
+    Gaussian head for ``Box`` actions, on by default (``policy_kwargs=dict(squash_output=False)`` restores stock PPO's
+    Gaussian-plus-clip); the value loss clipped in SB3's or PPO2's max form; PPO1's KL penalty with a fixed or
+    adaptive coefficient, alone or with the clipped surrogate (Schulman et al. 2017, sections 3-4); diagnostics
+    averaged over every minibatch of every epoch, under ``train/``. PPO1 is ``clip_range=None, kl_coef=1.0,
+    kl_target=0.01``; the defaults are PPO2. Paper: https://arxiv.org/abs/1707.06347
 
     :param policy: The policy model to use (MlpPolicy, CnnPolicy, MultiInputPolicy, ...)
     :param env: The environment to learn from (if registered in Gym, can be str)
@@ -47,48 +36,35 @@ class PPOExt(ModelFiles, ExtUpdateEngine, PPO):
     :param n_epochs: Number of epoch when optimizing the surrogate loss
     :param gamma: Discount factor
     :param gae_lambda: Factor for trade-off of bias vs variance for Generalized Advantage Estimator
-    :param clip_range: Clipping parameter of the surrogate objective; a positive float, a schedule
-        of the progress remaining (from 1 to 0), or ``None`` to turn clipping off
-    :param clip_range_vf: Clipping parameter for the value function (float or schedule), or
-        ``None`` (default) for no value clipping. This depends on the reward scaling.
-    :param vf_clip_mode: With ``clip_range_vf``: ``"clipped"`` (SB3's form, loss on the clipped
-        prediction only) or ``"max"`` (baselines PPO2 / CleanRL: ``mean(max((V-R)^2, (V_clip-R)^2))``).
-        Both use SB3's scale (MSE without 0.5), so ``vf_coef`` means the same in each.
+    :param clip_range: Clipping parameter of the surrogate (float or schedule), or ``None`` to turn clipping off
+    :param clip_range_vf: Clipping parameter for the value function (float or schedule), or ``None`` (default)
+    :param vf_clip_mode: With ``clip_range_vf``: ``"clipped"`` (SB3's form) or ``"max"`` (PPO2's
+        ``mean(max((V-R)^2, (V_clip-R)^2))``); both on SB3's scale (MSE without 0.5)
     :param normalize_advantage: Whether to normalize or not the advantage
     :param ent_coef: Entropy coefficient for the loss calculation
     :param vf_coef: Value function coefficient for the loss calculation
-    :param kl_coef: Initial coefficient ``beta`` of the KL penalty ``beta * KL(pi_old || pi)``;
-        0 (default) turns the penalty off. The KL is analytic for every head.
-    :param kl_target: ``d_targ`` of the adaptive coefficient, or ``None`` for a fixed ``beta``.
-        After each update (never per minibatch), with ``d`` the mean ``KL(pi_old || pi)`` over the
-        rollout: ``d < d_targ / kl_adapt_tolerance`` divides ``beta`` by ``kl_adapt_factor``,
-        ``d > d_targ * kl_adapt_tolerance`` multiplies it. Needs ``kl_coef > 0``.
+    :param kl_coef: Initial ``beta`` of the KL penalty ``beta * KL(pi_old || pi)`` (analytic); 0 (default): off
+    :param kl_target: ``d_targ`` of the adaptive coefficient, or ``None`` for a fixed ``beta``: after each update,
+        a mean KL below ``d_targ / kl_adapt_tolerance`` divides ``beta`` by ``kl_adapt_factor``, one above
+        ``d_targ * kl_adapt_tolerance`` multiplies it. Needs ``kl_coef > 0``.
     :param kl_adapt_factor: Multiplicative step of the adaptive coefficient (paper: 2), > 1
     :param kl_adapt_tolerance: Tolerance band of the adaptive coefficient (paper: 1.5), > 1
     :param kl_coef_bounds: ``(min, max)`` within which the adaptive ``beta`` is kept
     :param max_grad_norm: The maximum value for the gradient clipping
-    :param use_sde: Whether to use generalized State Dependent Exploration (gSDE)
-        instead of action noise exploration (default: False)
-    :param sde_sample_freq: Sample a new noise matrix every n steps when using gSDE
-        Default: -1 (only sample at the beginning of the rollout)
-    :param rollout_buffer_class: Rollout buffer class to use. If ``None``, it will be automatically selected.
-        ``None`` and upstream's own classes become their subclass in :mod:`sb3_ppo_ext.buffers`, which carries
-        ``pi_old`` with each sample for the KL penalty (the same rollout otherwise); a class of your own is kept, and
-        refused with ``kl_coef > 0``.
+    :param use_sde: Whether to use generalized State Dependent Exploration (gSDE) instead of action noise
+    :param sde_sample_freq: Sample a new noise matrix every n steps when using gSDE (-1: at the rollout's start)
+    :param rollout_buffer_class: Rollout buffer class to use (``None``: chosen by the observation space). Upstream's
+        classes become their subclass in :mod:`sb3_ppo_ext.buffers`, which carries ``pi_old`` for the KL penalty;
+        a class of your own is kept, and refused with ``kl_coef > 0``
     :param rollout_buffer_kwargs: Keyword arguments to pass to the rollout buffer on creation
-    :param target_kl: Limit the KL divergence between updates (SB3's early stopping on the
-        per-minibatch ``approx_kl``), ``None`` for no limit
-    :param stats_window_size: Window size for the rollout logging, specifying the number of episodes to average
-        the reported success rate, mean episode length, and mean reward over
+    :param target_kl: Limit the KL divergence between updates (SB3's early stop on ``approx_kl``), ``None``: no limit
+    :param stats_window_size: Window size for the rollout logging (episodes averaged)
     :param tensorboard_log: the log location for tensorboard (if None, no logging)
-    :param policy_kwargs: additional arguments to be passed to the policy on creation, including
-        ``squash_output``, ``state_dependent_std``, ``log_std_bounds`` and ``entropy_estimator``, the Beta head
-        (``action_dist="beta"``) and per-network learning rates (``learning_rates={"pi": ..., "vf": ...}``)
-    :param verbose: Verbosity level: 0 for no output, 1 for info messages (such as device or wrappers used), 2 for
-        debug messages
+    :param policy_kwargs: additional arguments to be passed to the policy on creation (``squash_output``,
+        ``action_dist="beta"``, ``learning_rates={"pi": ..., "vf": ...}``, ...: see the policy)
+    :param verbose: Verbosity level: 0 for no output, 1 for info messages, 2 for debug messages
     :param seed: Seed for the pseudo random generators
-    :param device: Device (cpu, cuda, ...) on which the code should be run.
-        Setting it to auto, the code will be run on the GPU if possible.
+    :param device: Device (cpu, cuda, ...) on which the code should be run ("auto": the GPU if possible)
     :param _init_setup_model: Whether or not to build the network at the creation of the instance
     """
 
@@ -136,8 +112,7 @@ class PPOExt(ModelFiles, ExtUpdateEngine, PPO):
         device: th.device | str = "auto",
         _init_setup_model: bool = True,
     ):
-        # The arguments upstream's constructor takes and the extensions' own, each checked by its row of the
-        # parameter table (sb3_ppo_ext.validation) before upstream's asserts see them.
+        # Upstream's arguments and the extensions', each checked by its row of the parameter table before upstream's asserts.
         upstream: dict[str, Any] = dict(
             learning_rate=learning_rate,
             n_steps=n_steps,

@@ -1,11 +1,4 @@
-"""
-Schedules as values: :class:`ParameterSchedule` gives a value as a function of training progress
-or of timesteps (constant, linear, cosine, step, piecewise). A plain dict of its keywords describes
-one in an rl-zoo3 hyperparameter file; :class:`sb3_ppo_ext.callbacks.ParameterScheduler` applies
-schedules to a model's training attributes.
-
-This module imports nothing from the rest of the package but :mod:`sb3_ppo_ext.validation`.
-"""
+"""Schedules as values: :class:`ParameterSchedule`, applied to a model by :class:`sb3_ppo_ext.callbacks.ParameterScheduler`."""
 
 from __future__ import annotations
 
@@ -24,19 +17,11 @@ SCHEDULE_UNITS = ("progress", "timesteps")
 
 class ParameterSchedule:
     """
-    A value as a function of training progress or of timesteps; a plain dict of these keywords
-    describes one in yml.
-
-    ``x`` is the fraction of training done (``1 - progress_remaining``, 0 to 1, as SB3 computes
-    it) when ``by="progress"``, or ``model.num_timesteps`` when ``by="timesteps"``.
-
-    - ``constant``: ``value``;
-    - ``linear``: ``start`` at ``x <= begin`` to ``end`` at ``x >= finish``, linear in between;
-    - ``cosine``: the same ends, ``end + (start - end) * (1 + cos(pi * t)) / 2`` with
-      ``t = (x - begin) / (finish - begin)`` clamped to [0, 1];
-    - ``step``: ``values[i]`` where ``i`` is the number of ``boundaries`` (increasing) ``<= x``;
-    - ``piecewise``: linear interpolation through ``points`` (``[[x0, y0], [x1, y1], ...]``, ``x``
-      increasing), constant beyond the first and last points.
+    A value as a function of ``x``: the fraction of training done (``by="progress"``, 0 to 1) or
+    ``model.num_timesteps`` (``by="timesteps"``); a plain dict of these keywords describes one in yml.
+    ``linear`` goes from ``start`` at ``x <= begin`` to ``end`` at ``x >= finish``; ``cosine`` between the same
+    ends as ``end + (start - end) * (1 + cos(pi * t)) / 2``; ``step`` takes ``values[i]``, ``i`` the number of
+    ``boundaries <= x``; ``piecewise`` interpolates linearly through ``points``, constant beyond them.
 
     :param kind: One of ``constant``, ``linear``, ``cosine``, ``step``, ``piecewise``
     :param by: ``progress`` (default) or ``timesteps``
@@ -44,8 +29,7 @@ class ParameterSchedule:
     :param start: First value of ``linear`` / ``cosine``
     :param end: Last value of ``linear`` / ``cosine``
     :param begin: ``x`` where ``linear`` / ``cosine`` leave ``start`` (default 0)
-    :param finish: ``x`` where ``linear`` / ``cosine`` reach ``end`` (default 1 by progress;
-        required by timesteps)
+    :param finish: ``x`` where they reach ``end`` (default 1 by progress; required by timesteps)
     :param values: The ``step`` values, one more than ``boundaries``
     :param boundaries: The ``x`` where ``step`` moves to the next value, increasing
     :param points: The ``piecewise`` ``[x, y]`` points, ``x`` increasing
@@ -66,15 +50,7 @@ class ParameterSchedule:
     ):
         self.kind = check_choice("kind", kind, SCHEDULE_KINDS)
         self.by = check_choice("by", by, SCHEDULE_UNITS)
-        given: dict[str, Any] = {
-            "value": value,
-            "start": start,
-            "end": end,
-            "finish": finish,
-            "values": values,
-            "boundaries": boundaries,
-            "points": points,
-        }
+        given = dict(value=value, start=start, end=end, finish=finish, values=values, boundaries=boundaries, points=points)
         needed = {
             "constant": ("value",),
             "linear": ("start", "end", "finish"),
@@ -127,7 +103,7 @@ class ParameterSchedule:
             self._check_increasing("points", [x for x, _ in self.points])
 
     @staticmethod
-    def _sequence(name: str, items: Any) -> list[Any]:
+    def _sequence(name: str, items: object) -> list[Any]:
         if not isinstance(items, (list, tuple)):
             raise InvalidSettingError(f"{name}={items!r} is invalid: expected a list")
         return list(items)
@@ -138,14 +114,15 @@ class ParameterSchedule:
             raise InvalidSettingError(f"{name}={xs!r} is invalid: the x values must be strictly increasing")
 
     @classmethod
-    def from_spec(cls, name: str, spec: ParameterSchedule | Mapping[str, Any] | Callable[[float], float]) -> Any:
+    def from_spec(
+        cls, name: str, spec: ParameterSchedule | Mapping[str, Any] | Callable[[float], float]
+    ) -> ParameterSchedule | Callable[[float], float]:
         """
-        A schedule from a :class:`ParameterSchedule`, a dict of its keywords, or an SB3-style
-        callable of the progress remaining (returned as is).
+        A schedule from a :class:`ParameterSchedule`, a dict of its keywords, or an SB3-style callable of the
+        progress remaining (returned as is).
 
         :param name: The scheduled attribute, for error messages
         :param spec: The schedule's description
-        :return: A :class:`ParameterSchedule` or the callable
         """
         if isinstance(spec, ParameterSchedule) or (callable(spec) and not isinstance(spec, Mapping)):
             return spec
@@ -163,18 +140,13 @@ class ParameterSchedule:
             raise InvalidSettingError(f"schedules[{name!r}]: {error}") from None
 
     def __call__(self, x: float) -> float:
-        """
-        :param x: Fraction of training done (``by="progress"``) or timesteps (``by="timesteps"``)
-        :return: The scheduled value
-        """
+        """:param x: Fraction of training done (``by="progress"``) or timesteps (``by="timesteps"``)"""
         if self.kind == "constant":
             return float(self.value)  # type: ignore[arg-type]
         if self.kind == "step":
             return self.values[int(np.searchsorted(self.boundaries, x, side="right"))]
         if self.kind == "piecewise":
-            xs = [x for x, _ in self.points]
-            ys = [y for _, y in self.points]
-            return float(np.interp(x, xs, ys))
+            return float(np.interp(x, [px for px, _ in self.points], [py for _, py in self.points]))
         assert self.start is not None and self.end is not None and self.finish is not None
         t = min(max((x - self.begin) / (self.finish - self.begin), 0.0), 1.0)
         if self.kind == "linear":
@@ -182,13 +154,7 @@ class ParameterSchedule:
         return self.end + (self.start - self.end) * 0.5 * (1.0 + math.cos(math.pi * t))
 
     def extremes(self) -> tuple[float, float]:
-        """
-        The smallest and largest value the schedule takes, over all ``x``: its breakpoints
-        (``linear`` and ``cosine`` are monotone between ``start`` and ``end``, ``step`` takes its
-        ``values``, ``piecewise`` interpolates between its points).
-
-        :return: ``(min, max)``
-        """
+        """``(min, max)`` of the values the schedule takes over all ``x`` (the values at its breakpoints)."""
         if self.kind == "constant":
             values = [float(self.value)]  # type: ignore[arg-type]
         elif self.kind == "step":

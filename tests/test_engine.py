@@ -222,37 +222,13 @@ def test_diagnostic_means_are_sample_weighted():
     from sb3_ppo_ext.engine import _UpdateStats
 
     stats = _UpdateStats()
-    stats.add_mean(3, x=th.tensor(1.0))
-    stats.add_mean(1, x=th.tensor(5.0))
-    stats.add_extremes("r", th.tensor([0.9, 1.1]))
-    stats.add_extremes("r", th.tensor([0.8, 1.0]))
-    assert stats.mean("x") == pytest.approx(2.0)
-    assert stats.extremes("r") == pytest.approx((0.8, 1.1))
-    assert stats.extremes("r") == pytest.approx((0.8, 1.1))
-
-
-def test_diagnostic_means_with_keys_that_come_and_go():
-    """Minibatches may log different key sets (e.g. a KL term from some minibatches only): each key has its own weights."""
-    from sb3_ppo_ext.engine import _UpdateStats
-
-    rng = np.random.default_rng(0)
-    stats, log = _UpdateStats(), []
-    for i in range(50):
-        weight = float(rng.integers(1, 64))
-        values = {"a": float(np.float32(rng.normal())), "b": float(np.float32(rng.normal()))}
-        if i % 3 == 0:
-            values["c"] = float(np.float32(rng.normal()))
-        stats.add_mean(weight, **{k: th.tensor(v) for k, v in values.items()})
-        log.append((weight, values))
-    for key in ("a", "b", "c"):
-        pairs = [(w, v[key]) for w, v in log if key in v]
-        expected = sum(w * x for w, x in pairs) / sum(w for w, _ in pairs)
-        assert stats.mean(key) == pytest.approx(expected, rel=1e-6)
-    assert "c" in stats and "d" not in stats
-    # A minibatch added after a read is taken into account.
-    stats.add_mean(1.0, a=th.tensor(1e3), b=th.tensor(0.0))
-    pairs = [(w, v["a"]) for w, v in log] + [(1.0, 1e3)]
-    assert stats.mean("a") == pytest.approx(sum(w * x for w, x in pairs) / sum(w for w, _ in pairs), rel=1e-6)
+    stats.add(3, dict(loss=th.tensor(1.0), x=th.tensor(2.0), ratio=th.tensor([0.9, 1.1])))
+    stats.add(1, dict(loss=th.tensor(5.0), x=th.tensor(6.0), ratio=th.tensor([0.8, 1.0])))
+    assert stats.means() == pytest.approx(dict(loss=2.0, x=3.0))
+    assert stats.ratio_extremes() == pytest.approx((0.8, 1.1))
+    stats.add(4, dict(loss=th.tensor(0.0), x=th.tensor(0.0), ratio=th.tensor([1.2])))  # added after a read: counted
+    assert stats.means() == pytest.approx(dict(loss=1.0, x=1.5))
+    assert stats.ratio_extremes() == pytest.approx((0.8, 1.2))
 
 
 @pytest.mark.parametrize("squash", [True, False])
