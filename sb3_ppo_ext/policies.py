@@ -89,14 +89,8 @@ def learning_rate_schedule(name: str, value: float | str | Callable[[float], flo
 
 def network_parameters(policy: nn.Module) -> dict[str, list[nn.Parameter]]:
     """
-    The actor's (``"pi"``) and the critic's (``"vf"``) parameters of an actor-critic policy.
-
-    ``"vf"``: the critic's MLP (``mlp_extractor.value_net``), ``value_net``, the critic's own features
-    extractor (``share_features_extractor=False``) and, in an LSTM policy, the critic's LSTM
-    (``lstm_critic``) or its linear layer (``critic``). ``"pi"``: everything else, i.e. the actor's
-    MLP (``mlp_extractor.policy_net``), ``action_net``, ``log_std`` / ``log_std_net`` (or the Beta
-    head, which is ``action_net``), the actor's features extractor and the actor's LSTM (which a
-    ``shared_lstm=True`` critic reads detached: the value loss does not train it).
+    The actor's (``"pi"``) and the critic's (``"vf"``) parameters of an actor-critic policy: ``"vf"`` are the
+    critic's MLP, ``value_net``, the critic's own features extractor and LSTM (or its linear ``critic``); ``"pi"`` the rest.
 
     :param policy: e.g. a :class:`PPOExtActorCriticPolicy`
     :return: ``{"pi": [...], "vf": [...]}`` in ``named_parameters`` order
@@ -246,69 +240,31 @@ class NetworkLearningRates:
 
 class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticPolicy):
     """
-    SB3's ``ActorCriticPolicy`` with an exact tanh-squashed Gaussian head for ``Box`` actions.
-
-    With squashing on (the default for ``Box`` action spaces), the policy's "action" is the
-    pre-squash Gaussian sample ``u``: ``forward`` returns it, the rollout buffer stores it and
-    ``evaluate_actions`` scores it, so the log-probability in the PPO ratio is the one computed at
-    sampling time, even for saturated actions. The environment receives
-    ``low + (tanh(u) + 1) / 2 * (high - low)`` through :meth:`unscale_action`, which SB3 applies
-    in ``collect_rollouts`` and ``predict`` whenever ``squash_output`` is true: actions are never
-    out of bounds and never clipped. Deterministic ``predict`` returns the squashed, rescaled mean.
-
-    All other arguments are those of SB3's ``ActorCriticPolicy`` (``net_arch``, ``activation_fn``,
-    ``ortho_init``, ``use_sde``, ``log_std_init``, ``full_std``, ``use_expln``,
-    ``features_extractor_class``, ...). gSDE (``use_sde=True``) combines with squashing: the gSDE
-    Gaussian is the pre-squash distribution.
-
-    Handed to stock ``stable_baselines3.PPO``, the policy behaves the same way: SB3 stores the
-    pre-squash sample, rescales it for the env and scores it exactly, so stock PPO gets exact
-    ratios too. Stock PPO then uses its own objective and logging: no KL penalty, value-clip
-    mode or extra diagnostics; with the ``"sample"`` estimator its entropy term is
-    ``-mean(log_prob)``; ``train/std`` is logged only for a state-independent std.
+    SB3's ``ActorCriticPolicy`` with an exact tanh-squashed Gaussian head for ``Box`` actions, on by default: the
+    policy's action is the pre-squash sample ``u`` (returned by ``forward``, stored and scored, so the ratio's
+    log-probability is the one computed at sampling, even for saturated actions), and the env receives
+    ``low + (tanh(u) + 1) / 2 * (high - low)`` through :meth:`unscale_action`, which SB3 applies whenever
+    ``squash_output`` is true. Handed to stock PPO it behaves the same way (with stock PPO's objective and logging).
+    The other arguments are ``ActorCriticPolicy``'s; gSDE combines with squashing (the pre-squash distribution).
 
     :param observation_space: Observation space
     :param action_space: Action space
     :param lr_schedule: Learning rate schedule (could be constant)
-    :param squash_output: tanh-squash the Gaussian head. ``None`` (default): on for ``Box``
-        action spaces, off otherwise. ``False`` restores stock PPO's Gaussian-plus-clip.
-        ``True`` with a non-``Box`` action space is a ``ValueError``.
-    :param state_dependent_std: predict the log-std from the actor's latent features with a
-        linear head instead of a state-independent parameter (``Box`` only, not with gSDE)
-    :param log_std_bounds: ``(min, max)`` of the state-dependent log-std, default ``(-5, 2)``;
-        the head's output is mapped smoothly into the range with ``tanh``. Only valid with
-        ``state_dependent_std=True``.
-    :param entropy_estimator: entropy of the squashed head, which has no closed form:
-        ``"mc"`` (default: Gaussian closed form plus a one-sample reparametrised Monte Carlo
-        estimate of ``E[log(1 - tanh(u)^2)]``: unbiased, differentiable, and the entropy of the
-        action the env actually receives), ``"gaussian"`` (closed form of the pre-squash
-        Gaussian: cheapest, but it grows without bound with the std, so an entropy bonus on it
-        rewards pushing actions into saturation) or ``"sample"`` (SB3's estimate
-        ``-mean(log_prob)`` of the stored actions, biased once the policy has moved). Only valid
-        with squashing.
-    :param action_dist: the distribution of the ``Box`` action head: ``"gaussian"`` (default; squashed
-        or clipped by ``squash_output``) or ``"beta"``: Beta(alpha, beta) per dimension with
-        ``alpha, beta = 1 + softplus(.)`` of a linear head on the actor's latent, rescaled to
-        ``[low, high]`` (see :class:`sb3_ppo_ext.distributions.BetaDistribution`). The Beta head
-        stores the logit of its sample and is mapped into the bounds by :meth:`unscale_action`, so
-        ``squash_output`` is true for it (``None`` or ``True``; ``False`` is an error), and it
-        excludes ``use_sde``, ``state_dependent_std``, ``log_std_bounds``, ``entropy_estimator`` and
-        a ``log_std_init`` other than 0 (Gaussian settings). Deterministic ``predict`` returns the mode.
-    :param learning_rates: ``{"pi": rate, "vf": rate}``: the actor's and the critic's own learning
-        rate, each a number, a schedule of the progress remaining, or ``"lin_<x>"`` (linear from
-        ``x`` to 0), through two optimizer parameter groups (see :func:`network_parameters` for which
-        parameters are whose). They replace the algorithm's ``learning_rate`` for the optimizer;
-        PPOExt, MaskablePPOExt and RecurrentPPOExt set each group from its schedule at every update.
-        ``None`` (default): one group at the algorithm's ``learning_rate``, as upstream. Needs separate
-        networks: a features extractor with parameters shared by actor and critic is an error.
-    :param fast: the fast mode: SB3's default Adam runs fused (one kernel per step) instead of the
-        bit-identical multi-tensor Adam, and a state-independent Gaussian head (squashed or not) takes its rollout
-        steps in NumPy on a CPU (:class:`ArrayPlan`: SB3's standard networks, the same random draws, the
-        log-probability from the draw; the default step's values to float rounding). The same updates to float
-        rounding, not bit for bit, and the same learning curves (10 seeds on Pendulum-v1, LunarLanderContinuous-v3
-        and Hopper-v5, the benchmark report's suite ``fast``). ``torch.compile`` is not part of it
-        (``scripts/compile_probe.py``: it does not pay for itself within a typical run on a CPU).
-        ``False`` (default): with the extensions off, training is upstream's bit for bit.
+    :param squash_output: tanh-squash the Gaussian head; ``None`` (default): for ``Box`` action spaces;
+        ``False``: stock PPO's Gaussian plus clipping
+    :param state_dependent_std: the log-std from a linear head on the actor's latent (``Box`` only, not with gSDE)
+    :param log_std_bounds: ``(min, max)`` of the state-dependent log-std (``tanh``-mapped), default ``(-5, 2)``
+    :param entropy_estimator: the squashed head's entropy: ``"mc"`` (default: the Gaussian's plus a one-sample
+        reparametrised estimate of ``E[log(1 - tanh(u)^2)]``), ``"gaussian"`` (the pre-squash Gaussian's, which
+        grows without bound with the std) or ``"sample"`` (SB3's ``-mean(log_prob)``)
+    :param action_dist: ``"gaussian"`` (default) or ``"beta"``: Beta(1 + softplus(.), 1 + softplus(.)) per dimension
+        rescaled to ``[low, high]`` (:class:`~sb3_ppo_ext.distributions.BetaDistribution`), which stores the logit of
+        its sample and excludes the Gaussian settings
+    :param learning_rates: ``{"pi": rate, "vf": rate}``: the actor's and the critic's own learning rates (a number,
+        a schedule or ``"lin_<x>"``) through two optimizer groups (:func:`network_parameters`); ``None``: one group
+    :param fast: the fast mode: fused Adam and a state-independent Gaussian head's rollout steps in NumPy on a CPU
+        (:class:`~sb3_ppo_ext.speed.ArrayPlan`): the same updates to float rounding, not bit for bit. ``False``
+        (default): with the extensions off, training is upstream's bit for bit
     :param args: positional arguments of ``ActorCriticPolicy`` after ``lr_schedule``
     :param kwargs: keyword arguments of ``ActorCriticPolicy``
     """
@@ -540,30 +496,17 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
 
     @property
     def squash_scale(self) -> float:
-        """
-        ``c`` such that the stored action ``u`` reaches the env as ``low + (tanh(c u) + 1) / 2 * (high - low)``:
-        1 for the squashed Gaussian, 1/2 for the Beta head (``sigmoid(u) = (tanh(u / 2) + 1) / 2``).
-        """
+        """``c`` such that the env receives ``low + (tanh(c u) + 1) / 2 * (high - low)``: 1/2 for the Beta head, else 1."""
         return 0.5 if self.action_dist_name == "beta" else 1.0
 
     def unit_actions(self, stored: np.ndarray) -> np.ndarray:
-        """
-        Stored actions as the env's actions scaled to ``[-1, 1]``: ``tanh(c u)`` for the squashed
-        and Beta heads (``c``: :attr:`squash_scale`), the stored action itself otherwise.
-
-        :param stored: actions as the rollout buffer holds them
-        :return: actions in ``[-1, 1]`` units
-        """
+        """Stored actions as the env's actions in ``[-1, 1]``: ``tanh(c u)`` with squashing (:attr:`squash_scale`)."""
         return np.tanh(self.squash_scale * stored) if self.squash_output else stored
 
     def unscale_action(self, scaled_action: np.ndarray) -> np.ndarray:
         """
-        With squashing: map the pre-squash action ``u`` to the env's ``[low, high]`` with
-        ``low + (tanh(u) + 1) / 2 * (high - low)``; with the Beta head, the logit ``u`` of the Beta
-        sample with ``low + sigmoid(u) * (high - low)``. Without: SB3's affine map from ``[-1, 1]``.
-
-        :param scaled_action: pre-squash action (squashed head), logit (Beta head) or action in ``[-1, 1]``
-        :return: action in the env's bounds
+        The env's action of a stored one: ``low + (tanh(u) + 1) / 2 * (high - low)`` of the pre-squash ``u``, or
+        ``low + sigmoid(u) * (high - low)`` of the Beta head's logit; without squashing, SB3's affine map.
         """
         if not self.squash_output:
             return super().unscale_action(scaled_action)
@@ -579,15 +522,7 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         return rescale_tanh64(scaled_action, *cache[1:])
 
     def scale_action(self, action: np.ndarray) -> np.ndarray:
-        """
-        Inverse of :meth:`unscale_action`. With squashing this is ``atanh`` of the action scaled
-        to ``[-1, 1]``, clamped to ``|u| <= 9`` (float32 ``tanh`` saturates there), divided by
-        :attr:`squash_scale` (``2 atanh``, the logit, for the Beta head): PPOExt never needs it,
-        because it stores the pre-squash sample (or the logit) instead of inverting actions.
-
-        :param action: action in the env's bounds
-        :return: pre-squash action (squashed head), logit (Beta head) or action in ``[-1, 1]``
-        """
+        """Inverse of :meth:`unscale_action`, clamped to ``|u| <= 9`` (float32 ``tanh`` saturates there)."""
         scaled = super().scale_action(action)
         if not self.squash_output:
             return scaled
@@ -600,26 +535,14 @@ _OWN_HEADS = (PPOExtActorCriticPolicy._get_action_dist_from_latent, MaskableActo
 
 
 class PPOExtActorCriticCnnPolicy(PPOExtActorCriticPolicy):
-    """
-    :class:`PPOExtActorCriticPolicy` with SB3's ``NatureCNN`` features extractor by default.
-
-    :param args: arguments of :class:`PPOExtActorCriticPolicy`
-    :param features_extractor_class: Features extractor to use
-    :param kwargs: keyword arguments of :class:`PPOExtActorCriticPolicy`
-    """
+    """:class:`PPOExtActorCriticPolicy` with SB3's ``NatureCNN`` features extractor by default."""
 
     def __init__(self, *args: Any, features_extractor_class: type = NatureCNN, **kwargs: Any):
         super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
 
 
 class PPOExtMultiInputActorCriticPolicy(PPOExtActorCriticPolicy):
-    """
-    :class:`PPOExtActorCriticPolicy` for ``Dict`` observation spaces (SB3's ``CombinedExtractor``).
-
-    :param args: arguments of :class:`PPOExtActorCriticPolicy`
-    :param features_extractor_class: Features extractor to use
-    :param kwargs: keyword arguments of :class:`PPOExtActorCriticPolicy`
-    """
+    """:class:`PPOExtActorCriticPolicy` for ``Dict`` observation spaces (SB3's ``CombinedExtractor``)."""
 
     def __init__(self, *args: Any, features_extractor_class: type = CombinedExtractor, **kwargs: Any):
         super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
@@ -635,16 +558,13 @@ MultiInputPolicy = PPOExtMultiInputActorCriticPolicy
 
 class MaskablePPOExtPolicy(CheckedForward, NetworkLearningRates, MaskableActorCriticPolicy):
     """
-    sb3-contrib's ``MaskableActorCriticPolicy`` whose ``evaluate_actions`` can also return the
-    masked action distribution, so that the KL penalty needs no second forward pass. The network,
-    its initialisation and its outputs are upstream's.
+    sb3-contrib's ``MaskableActorCriticPolicy`` whose ``evaluate_actions`` can also return the masked distribution
+    (for the KL penalty, without a second pass); the network and its outputs are upstream's.
 
     :param args: arguments of ``MaskableActorCriticPolicy``
-    :param squash_output: accepted for symmetry with PPOExt's policies: masked action spaces are
-        discrete, so only ``None`` or ``False`` is valid
-    :param learning_rates: the actor's and the critic's own learning rates, as in
-        :class:`sb3_ppo_ext.policies.PPOExtActorCriticPolicy` (``None``: upstream's one group)
-    :param fast: the fast mode (fused Adam), as in :class:`sb3_ppo_ext.policies.PPOExtActorCriticPolicy`
+    :param squash_output: ``None`` or ``False`` (masked action spaces are discrete)
+    :param learning_rates: as in :class:`PPOExtActorCriticPolicy`
+    :param fast: the fast mode (fused Adam), as in :class:`PPOExtActorCriticPolicy`
     :param kwargs: keyword arguments of ``MaskableActorCriticPolicy``
     """
 
@@ -682,18 +602,7 @@ class MaskablePPOExtPolicy(CheckedForward, NetworkLearningRates, MaskableActorCr
         action_masks: th.Tensor | None = None,
         entropy_requires_grad: bool = True,
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Any]:
-        """
-        ``evaluate_actions`` that also returns the masked distribution.
-
-        The steps of upstream's ``evaluate_actions``, which returns no distribution and has no hook
-        that would (hence written out here).
-
-        :param obs: Observation
-        :param actions: Actions
-        :param action_masks: the actions' masks (``None``: no masking)
-        :param entropy_requires_grad: ``False`` computes the entropy outside the autograd graph
-        :return: estimated value, log likelihood of the actions, entropy and the distribution
-        """
+        """Upstream's ``evaluate_actions`` (``action_masks``: ``None`` for none) that also returns the distribution."""
         latent_pi, latent_vf = self._latents(obs)
         distribution = self._get_action_dist_from_latent(latent_pi)
         if action_masks is not None:
@@ -712,26 +621,14 @@ class MaskablePPOExtPolicy(CheckedForward, NetworkLearningRates, MaskableActorCr
 
 
 class MaskablePPOExtCnnPolicy(MaskablePPOExtPolicy):
-    """
-    :class:`MaskablePPOExtPolicy` with SB3's ``NatureCNN`` features extractor by default.
-
-    :param args: arguments of :class:`MaskablePPOExtPolicy`
-    :param features_extractor_class: Features extractor to use
-    :param kwargs: keyword arguments of :class:`MaskablePPOExtPolicy`
-    """
+    """:class:`MaskablePPOExtPolicy` with SB3's ``NatureCNN`` features extractor by default."""
 
     def __init__(self, *args: Any, features_extractor_class: type = NatureCNN, **kwargs: Any):
         super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
 
 
 class MaskablePPOExtMultiInputPolicy(MaskablePPOExtPolicy):
-    """
-    :class:`MaskablePPOExtPolicy` for ``Dict`` observation spaces (SB3's ``CombinedExtractor``).
-
-    :param args: arguments of :class:`MaskablePPOExtPolicy`
-    :param features_extractor_class: Features extractor to use
-    :param kwargs: keyword arguments of :class:`MaskablePPOExtPolicy`
-    """
+    """:class:`MaskablePPOExtPolicy` for ``Dict`` observation spaces (SB3's ``CombinedExtractor``)."""
 
     def __init__(self, *args: Any, features_extractor_class: type = CombinedExtractor, **kwargs: Any):
         super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
@@ -741,35 +638,18 @@ class MaskablePPOExtMultiInputPolicy(MaskablePPOExtPolicy):
 
 
 class SquashedActionsWarning(UserWarning):
-    """
-    A squashed :class:`RecurrentPPOExtPolicy` was run (``forward``) outside RecurrentPPOExt's rollout
-    collection, e.g. trained by sb3-contrib's ``RecurrentPPO`` after ``RecurrentPPO.load`` of a
-    RecurrentPPOExt file: its actions are pre-squash samples, which that collection sends to the env
-    clipped, not squashed.
-    """
+    """A squashed :class:`RecurrentPPOExtPolicy` stepped outside RecurrentPPOExt's collection: its actions are pre-squash."""
 
 
 class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy):
     """
-    sb3-contrib's ``RecurrentActorCriticPolicy`` (LSTM actor and critic) with PPOExt's exact
-    tanh-squashed Gaussian head for ``Box`` actions, on by default: the LSTM's latent feeds the
-    squashed head exactly as the MLP's does in :class:`sb3_ppo_ext.policies.PPOExtActorCriticPolicy`
-    (pre-squash sample stored and scored, ``unscale_action`` to the env's bounds). With
-    ``squash_output=False`` the network, its initialisation and its outputs are upstream's.
+    sb3-contrib's ``RecurrentActorCriticPolicy`` with PPOExt's squashed head for ``Box`` actions, on by default (with
+    ``squash_output=False``, upstream's network and outputs). sb3-contrib's ``RecurrentPPO`` ignores
+    ``squash_output`` and would send the env clipped pre-squash samples: the first ``forward`` outside
+    RecurrentPPOExt's collection (:meth:`ext_collection`) warns (:class:`SquashedActionsWarning`).
 
-    The arguments are those of both parents: ``squash_output``, ``state_dependent_std``,
-    ``log_std_bounds``, ``entropy_estimator`` (PPOExt's head) and ``lstm_hidden_size``,
-    ``n_lstm_layers``, ``shared_lstm``, ``enable_critic_lstm``, ``lstm_kwargs`` (sb3-contrib's).
-
-    With the squashed head, ``forward`` returns pre-squash samples ``u``: RecurrentPPOExt's collection
-    sends the env ``unscale_action(tanh(u))``, but sb3-contrib's ``RecurrentPPO`` (which ignores
-    ``squash_output``) would send ``clip(u)``. A ``RecurrentPPO.load`` of a RecurrentPPOExt file builds
-    this policy, so the policy itself tells the two apart: the first ``forward`` outside
-    RecurrentPPOExt's collection (:meth:`ext_collection`) issues a :class:`SquashedActionsWarning`.
-    ``predict`` squashes under either class.
-
-    :param args: arguments of :class:`sb3_ppo_ext.policies.PPOExtActorCriticPolicy`
-    :param kwargs: keyword arguments of both parents
+    :param args: arguments of :class:`PPOExtActorCriticPolicy`
+    :param kwargs: keyword arguments of both parents (PPOExt's head, sb3-contrib's LSTM)
     """
 
     _in_ext_collection: bool = False
@@ -787,16 +667,7 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
     def forward(  # type: ignore[override]
         self, obs: th.Tensor, lstm_states: RNNStates, episode_starts: th.Tensor, deterministic: bool = False
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor, RNNStates]:
-        """
-        Upstream's ``forward``; with the squashed head, outside RecurrentPPOExt's collection, the first
-        call warns (:class:`SquashedActionsWarning`) that its actions are pre-squash.
-
-        :param obs: Observation
-        :param lstm_states: The last hidden and memory states for the LSTM
-        :param episode_starts: Whether the observations correspond to new episodes or not
-        :param deterministic: Whether to sample or use deterministic actions
-        :return: action (pre-squash with the squashed head), value, log probability of the action and the new states
-        """
+        """Upstream's ``forward``; the first call outside RecurrentPPOExt's collection with the squashed head warns."""
         if self.squash_output and not self._in_ext_collection and not self._warned_outside_ext_collection:
             self._warned_outside_ext_collection = True
             warnings.warn(
@@ -822,20 +693,9 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
         lstm: nn.LSTM,
     ) -> tuple[th.Tensor, th.Tensor]:
         """
-        Upstream's ``_process_sequence`` (the LSTM over padded sequences, one step at a time where an
-        episode starts inside them) with two changes: the states are multiplied by ``1 - episode_start``
-        only at the steps where some sequence starts an episode (at the other steps upstream multiplies
-        them by exactly 1, which changes no value and no gradient), and the LSTM is called through
-        :func:`lean_lstm` (the same ``torch.lstm`` call as the module's). The result is upstream's bit for bit
-        (tested). The rollout buffer cuts sequences at episode starts, so in an update that is the first
-        step only. A test compares this copy with the installed sb3-contrib's method and fails on drift.
-
-        :param features: Input tensor
-        :param lstm_states: previous hidden and cell states of the LSTM, respectively
-        :param episode_starts: Indicates when a new episode starts,
-            in that case, we need to reset LSTM states.
-        :param lstm: LSTM object.
-        :return: LSTM output and updated LSTM states.
+        Upstream's ``_process_sequence`` with two changes (tested bit for bit, and against the installed copy): the
+        states are multiplied by ``1 - episode_start`` only at steps where some sequence starts (elsewhere by exactly
+        1), and the LSTM runs through :func:`~sb3_ppo_ext.speed.lean_lstm`.
         """
         n_seq = lstm_states[0].shape[1]
         features_sequence = features.reshape((n_seq, -1, lstm.input_size)).swapaxes(0, 1)
@@ -862,15 +722,8 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
         self, features: th.Tensor, lstm_states: tuple[th.Tensor, th.Tensor], episode_starts: th.Tensor, lstm: nn.LSTM
     ) -> tuple[th.Tensor, tuple[th.Tensor, th.Tensor]]:
         """
-        The LSTM over a minibatch of padded sequences: upstream's ``_process_sequence`` or, in the fast mode,
-        one LSTM call over whole sequences.
-
-        Upstream steps through the sequences one step at a time whenever any of them starts an episode
-        (so nearly always in an update). The rollout buffer cuts sequences at episode starts, so an episode
-        can only start at a sequence's first step: the fast pass resets those sequences' initial states
-        and runs each sequence in one call; a sequence with a start further in (a buffer that does not cut
-        there) falls back to upstream's loop. The same function, to float rounding (the LSTM's matrix
-        products are batched over the steps), not bit for bit.
+        The LSTM over padded sequences: :meth:`_process_sequence`, or in the fast mode one call per sequence (the
+        buffer cuts sequences at episode starts, so only first steps reset; to float rounding, not bit for bit).
         """
         if not self.fast:  # sb3-contrib annotates the returned states as one tensor: they are (h, c)
             return self._process_sequence(features, lstm_states, episode_starts, lstm)  # type: ignore[return-value]
@@ -886,15 +739,7 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
     def sequence_distribution(
         self, obs: PyTorchObs, lstm_states: tuple[th.Tensor, th.Tensor], episode_starts: th.Tensor
     ) -> Any:
-        """
-        Upstream's ``get_distribution`` on a minibatch of padded sequences, through :meth:`_sequence_pass`
-        (in the fast mode, one LSTM call per sequence): the actor's distribution, no random draw.
-
-        :param obs: observations of padded sequences
-        :param lstm_states: the actor LSTM's states at the start of each sequence
-        :param episode_starts: whether each observation starts an episode
-        :return: the action distribution
-        """
+        """Upstream's ``get_distribution`` on padded sequences, through :meth:`_sequence_pass`: no random draw."""
         features = BasePolicy.extract_features(self, obs, self.pi_features_extractor)
         latent_pi, _ = self._sequence_pass(features, lstm_states, episode_starts, self.lstm_actor)
         return self._get_action_dist_from_latent(self.mlp_extractor.forward_actor(latent_pi))
@@ -907,19 +752,7 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
         episode_starts: th.Tensor,
         entropy_requires_grad: bool = True,
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Any]:
-        """
-        ``evaluate_actions`` that also returns the action distribution.
-
-        The steps of upstream's ``evaluate_actions``, which returns no distribution and has no hook
-        that would (hence written out here).
-
-        :param obs: Observations of padded sequences
-        :param actions: Actions as stored in the rollout buffer (pre-squash for the squashed head)
-        :param lstm_states: The LSTM states at the start of each sequence
-        :param episode_starts: Whether each observation starts an episode (the states are reset there)
-        :param entropy_requires_grad: ``False`` computes the entropy outside the autograd graph
-        :return: estimated value, log likelihood of the actions, entropy and the distribution
-        """
+        """Upstream's ``evaluate_actions`` on padded sequences, through :meth:`_sequence_pass`, and the distribution."""
         features = self.extract_features(obs)
         if self.share_features_extractor:
             pi_features = vf_features = cast(th.Tensor, features)
@@ -954,26 +787,14 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
 
 
 class RecurrentPPOExtCnnPolicy(RecurrentPPOExtPolicy):
-    """
-    :class:`RecurrentPPOExtPolicy` with SB3's ``NatureCNN`` features extractor by default.
-
-    :param args: arguments of :class:`RecurrentPPOExtPolicy`
-    :param features_extractor_class: Features extractor to use
-    :param kwargs: keyword arguments of :class:`RecurrentPPOExtPolicy`
-    """
+    """:class:`RecurrentPPOExtPolicy` with SB3's ``NatureCNN`` features extractor by default."""
 
     def __init__(self, *args: Any, features_extractor_class: type = NatureCNN, **kwargs: Any):
         super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
 
 
 class RecurrentPPOExtMultiInputPolicy(RecurrentPPOExtPolicy):
-    """
-    :class:`RecurrentPPOExtPolicy` for ``Dict`` observation spaces (SB3's ``CombinedExtractor``).
-
-    :param args: arguments of :class:`RecurrentPPOExtPolicy`
-    :param features_extractor_class: Features extractor to use
-    :param kwargs: keyword arguments of :class:`RecurrentPPOExtPolicy`
-    """
+    """:class:`RecurrentPPOExtPolicy` for ``Dict`` observation spaces (SB3's ``CombinedExtractor``)."""
 
     def __init__(self, *args: Any, features_extractor_class: type = CombinedExtractor, **kwargs: Any):
         super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
