@@ -69,13 +69,11 @@ def _check_squashable_bounds(action_space: spaces.Space, action_dist: str = "gau
 
 def learning_rate_schedule(name: str, value: float | str | Callable[[float], float]) -> Schedule:
     """
-    The schedule of one entry of ``learning_rates`` (checked by
-    :func:`sb3_ppo_ext.validation.check_network_learning_rates`): a number is constant, ``"lin_<x>"``
-    is rl-zoo3's linear schedule from ``x`` to 0, a callable of the progress remaining is used as it is.
+    The schedule of one entry of ``learning_rates``: a number is constant, ``"lin_<x>"`` linear from ``x`` to 0, a
+    callable of the progress remaining is used as it is.
 
     :param name: the setting's name, for messages
     :param value: the entry
-    :return: a schedule of the progress remaining (1 to 0)
     """
     if isinstance(value, str):
         start = linear_schedule_start(value)
@@ -166,10 +164,7 @@ class CheckedForward:
 
 
 class NetworkLearningRates:
-    """
-    Mixin of this package's actor-critic policies: the ``learning_rates`` setting, i.e. the actor's and the
-    critic's own learning rates through two optimizer parameter groups (``"network": "pi"`` / ``"vf"``).
-    """
+    """Mixin of the policies: ``learning_rates``, the actor's and the critic's own optimizer groups (``"network"``)."""
 
     learning_rates: dict[str, Any] | None = None
     learning_rate_schedules: dict[str, Schedule] | None = None
@@ -206,12 +201,10 @@ class NetworkLearningRates:
 
     def set_learning_rates(self, progress_remaining: float) -> dict[str, float]:
         """
-        Set the actor's and the critic's parameter groups from their own schedules of ``learning_rates``
-        (other groups, added by the user, are left as they are).
+        Set the actor's and the critic's groups from their schedules (groups the user added are left as they are).
 
-        :param progress_remaining: training progress remaining (1 to 0), as SB3 computes it
+        :param progress_remaining: training progress remaining (1 to 0)
         :return: ``{"pi": rate, "vf": rate}`` as set
-        :raises ValueError: without ``learning_rates``
         """
         if self.learning_rate_schedules is None:
             raise InvalidSettingError(f"{type(self).__name__} has no learning_rates: its optimizer has one group")
@@ -223,8 +216,7 @@ class NetworkLearningRates:
 
     def replace_learning_rates(self, learning_rates: Mapping[str, Any]) -> None:
         """
-        Replace the ``learning_rates`` (e.g. by constants, as :class:`~sb3_ppo_ext.callbacks.KLAdaptiveLR` does)
-        and set the groups at their value at progress 1; the optimizer's state is kept.
+        Replace the ``learning_rates`` and set the groups at progress 1, keeping the optimizer's state.
 
         :param learning_rates: ``{"pi": rate, "vf": rate}``, as the setting takes them
         """
@@ -360,9 +352,8 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         super().__init__(observation_space, action_space, lr_schedule, *args, squash_output=False, **kwargs)  # type: ignore[misc]
         self._squash_output = bool(squash_output)
         if self.squash_output != self._squash_output:
-            # SB3's rollout collection and predict rescale instead of clipping when the public ``squash_output``
-            # is true; it reads the private ``_squash_output`` set above. A release that renames it would
-            # send the env clipped pre-squash samples: refused here instead.
+            # SB3 rescales instead of clipping when squash_output, read from _squash_output, is true: a release that
+            # renames it would send the env clipped pre-squash samples.
             import stable_baselines3
 
             raise RuntimeError(
@@ -374,9 +365,7 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         if self._squash_output:
             assert isinstance(action_space, spaces.Box)
             half_range = (action_space.high.astype(np.float64) - action_space.low.astype(np.float64)) / 2.0
-            # A zero-width dimension (low == high, a fixed actuator) always receives ``low``: its
-            # log(half_range) = -inf is a constant that cancels in ratios and KLs, so it is left out
-            # to keep log-probabilities finite.
+            # A zero-width dimension always receives low: its constant log(0) cancels in ratios and KLs, left out.
             self._log_half_range_sum = float(np.log(half_range[half_range > 0]).sum())
             if is_beta:
                 assert isinstance(self.action_dist, BetaDistribution)
@@ -494,14 +483,10 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         values, log_prob, entropy, _ = self.evaluate_actions_and_distribution(obs, actions, need_distribution=False)
         return values, log_prob, entropy
 
-    @property
-    def squash_scale(self) -> float:
-        """``c`` such that the env receives ``low + (tanh(c u) + 1) / 2 * (high - low)``: 1/2 for the Beta head, else 1."""
-        return 0.5 if self.action_dist_name == "beta" else 1.0
-
     def unit_actions(self, stored: np.ndarray) -> np.ndarray:
-        """Stored actions as the env's actions in ``[-1, 1]``: ``tanh(c u)`` with squashing (:attr:`squash_scale`)."""
-        return np.tanh(self.squash_scale * stored) if self.squash_output else stored
+        """Stored actions as the env's actions in ``[-1, 1]`` units."""
+        scale = 0.5 if self.action_dist_name == "beta" else 1.0  # sigmoid(u) = (tanh(u / 2) + 1) / 2
+        return np.tanh(scale * stored) if self.squash_output else stored
 
     def unscale_action(self, scaled_action: np.ndarray) -> np.ndarray:
         """
@@ -527,7 +512,7 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         if not self.squash_output:
             return scaled
         bound = np.tanh(9.0)
-        return np.arctanh(np.clip(scaled, -bound, bound)) / self.squash_scale
+        return np.arctanh(np.clip(scaled, -bound, bound)) * (2.0 if self.action_dist_name == "beta" else 1.0)
 
 
 # The heads' distributions as defined here and upstream: a head is stepped and scored directly only while its own.

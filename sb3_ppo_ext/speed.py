@@ -1,17 +1,10 @@
 """
-The package's speed components, each the same operations on the same tensors as the calls it stands for (bit for bit,
-tested), with less Python per call; each gives way to the plain call wherever that would run a hook, a user's
-patch or a module of another kind:
-
-- :func:`with_foreach_adam`: SB3's Adam built multi-tensor (fused in the fast mode);
-- :class:`OptimizerStep`: the update's ``zero_grad``, ``clip_grad_norm_`` and Adam step, the Adam state of a
-  multi-tensor group in flat buffers (:class:`FlatAdamGroup`);
-- :func:`lean_call` and :func:`lean_lstm`: SB3's layers and ``nn.LSTM`` through the functions their ``forward`` calls;
-- :class:`ActingPlan` (:class:`ArrayPlan` in the fast mode): a rollout collection's networks as tensors and functions;
-- :func:`direct_step` and :func:`direct_scores`: a rollout step and a minibatch's scores without distribution objects.
-
-A component is switched off by replacing its name here (``scripts/ablation.py``); the policies and the engine
-reach each one through this module.
+The package's speed components, each the same operations as the calls it stands for (bit for bit, tested) with less
+Python per call, giving way to the plain call wherever that would run a hook, a user's patch or another module:
+multi-tensor Adam (:func:`with_foreach_adam`), the update's optimizer step (:class:`OptimizerStep`) with Adam's state in
+flat buffers (:class:`FlatAdamGroup`), SB3's layers and ``nn.LSTM`` through their functions (:func:`lean_call`,
+:func:`lean_lstm`), a collection's networks as tensors (:class:`ActingPlan`), rollout steps and minibatch scores without
+distribution objects (:func:`direct_step`, :func:`direct_scores`). Each is switched off by replacing its name here.
 """
 
 from __future__ import annotations
@@ -83,21 +76,19 @@ def with_foreach_adam(kwargs: dict[str, object], fused: bool = False) -> dict[st
     return {**kwargs, "optimizer_kwargs": {**optimizer_kwargs, ("fused" if fused else "foreach"): True}}
 
 
-# The settings of an Adam group the lean step reproduces, and its two implementations by (foreach, fused).
+# The settings of an Adam group whose multi-tensor step the flat buffers reproduce (others: torch's step).
 _LEAN_ADAM_GROUP = dict(
     amsgrad=False, maximize=False, capturable=False, differentiable=False, weight_decay=0, decoupled_weight_decay=False
 )
-_LEAN_ADAM_MODES = {(True, None): "foreach", (True, False): "foreach", (None, True): "fused", (False, True): "fused"}
 _TORCH_DIR = os.path.dirname(th.__file__) + os.sep
+_STATE = ("exp_avg", "exp_avg_sq", "step")  # Adam's state of a parameter
 
 
-def _adam_mode(group: dict) -> str | None:
-    """``"foreach"`` or ``"fused"``: the implementation an Adam group runs, where the lean step reproduces it."""
-    if any(group.get(key) != value for key, value in _LEAN_ADAM_GROUP.items()):
-        return None
-    if not all(type(value) is float for value in (group["lr"], group["eps"], *group["betas"])):
-        return None  # a tensor learning rate or beta: torch's own arithmetic
-    return _LEAN_ADAM_MODES.get((group.get("foreach"), group.get("fused")))
+def _lean_adam_group(group: dict) -> bool:
+    """Whether a group runs torch's multi-tensor Adam with no optional branch and float settings."""
+    if any(group.get(key) != value for key, value in _LEAN_ADAM_GROUP.items()) or group.get("fused"):
+        return False
+    return group.get("foreach") is True and all(type(v) is float for v in (group["lr"], group["eps"], *group["betas"]))
 
 
 def torchs_own(function: object) -> bool:
@@ -117,7 +108,7 @@ def _torchs_functions() -> bool:
     from torch.optim import adam
 
     functions = (
-        th.optim.Optimizer.zero_grad, th.optim.Adam.step, adam.adam, adam._multi_tensor_adam, adam._fused_adam,
+        th.optim.Optimizer.zero_grad, th.optim.Adam.step, adam.adam, adam._multi_tensor_adam,
         th.nn.utils.clip_grad_norm_, clip_grad._get_total_norm, clip_grad._clip_grads_with_norm_,
     )  # fmt: skip
     return all(torchs_own(function) for function in functions) and not profiler._is_profiler_enabled
@@ -133,50 +124,30 @@ def _runs_optimizer_hooks(optimizer: th.optim.Optimizer) -> bool:
     )
 
 
-def _foreach_moments_and_params(
-    params: list[th.Tensor], grads: list[th.Tensor], exp_avgs: list[th.Tensor], exp_avg_sqs: list[th.Tensor],
-    steps: list[th.Tensor], lr: float, beta1: float, beta2: float, eps: float,
-) -> None:  # fmt: skip
-    """torch's ``_multi_tensor_adam`` (no optional branch) on one group's tensors."""
-    th._foreach_add_(steps, th.tensor(1.0, device="cpu"), alpha=1.0)
-    th._foreach_lerp_(exp_avgs, grads, 1 - beta1)
-    th._foreach_mul_(exp_avg_sqs, beta2)
-    th._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
-    counts = [step.item() for step in steps]
-    step_size = [(lr / (1 - beta1**count)) * -1 for count in counts]
-    bias_correction2_sqrt = [(1 - beta2**count) ** 0.5 for count in counts]
-    exp_avg_sq_sqrt = th._foreach_sqrt(exp_avg_sqs)
-    th._foreach_div_(exp_avg_sq_sqrt, bias_correction2_sqrt)
-    th._foreach_add_(exp_avg_sq_sqrt, eps)
-    th._foreach_addcdiv_(params, exp_avgs, exp_avg_sq_sqrt, step_size)
-
-
 class FlatAdamGroup:
     """
-    One Adam group's state in flat buffers: each parameter's ``exp_avg``, ``exp_avg_sq`` and ``step`` in
-    ``optimizer.state`` become views of one buffer each (the same values), and :meth:`step` runs torch's
-    multi-tensor arithmetic as one operation on each buffer. Used only where :func:`flat_adam_is_exact`.
+    One Adam group's ``exp_avg``, ``exp_avg_sq`` and ``step`` in ``optimizer.state`` as views of one buffer each
+    (the same values), stepped by one operation per buffer. Used only where :func:`flat_adam_is_exact`.
 
-    :param params: the group's parameters with gradients (contiguous, one device and dtype, each with Adam's
-        state and the same step count)
+    :param params: the group's parameters with gradients (contiguous, one device and dtype, the same step count)
     :param state: ``optimizer.state``
     """
 
     def __init__(self, params: list[th.Tensor], state: dict) -> None:
-        self.params, self.state = params, state
-        sizes = [p.numel() for p in params]
-        self.exp_avg = th.cat([state[p]["exp_avg"].reshape(-1) for p in params])
-        self.exp_avg_sq = th.cat([state[p]["exp_avg_sq"].reshape(-1) for p in params])
+        self.params, self.state, sizes = params, state, [p.numel() for p in params]
+        self.exp_avg, self.exp_avg_sq = (th.cat([state[p][key].reshape(-1) for p in params]) for key in _STATE[:2])
         self.steps = th.stack([state[p]["step"] for p in params])
         self.grad = th.empty(sum(sizes), dtype=params[0].dtype, device=params[0].device)
         self.denominator = th.empty_like(self.grad)
-        self.exp_avg_views = [view.view_as(p) for view, p in zip(self.exp_avg.split(sizes), params, strict=True)]
-        self.exp_avg_sq_views = [view.view_as(p) for view, p in zip(self.exp_avg_sq.split(sizes), params, strict=True)]
-        self.denominator_views = [view.view_as(p) for view, p in zip(self.denominator.split(sizes), params, strict=True)]
-        self.step_views = list(self.steps.unbind())
-        views = zip(params, self.exp_avg_views, self.exp_avg_sq_views, self.step_views, strict=True)
-        for p, exp_avg, exp_avg_sq, step in views:
-            state[p].update(exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, step=step)
+
+        def views(flat: th.Tensor) -> list[th.Tensor]:
+            return [view.view_as(p) for view, p in zip(flat.split(sizes), params, strict=True)]
+
+        self.exp_avg_views, self.denominator_views = views(self.exp_avg), views(self.denominator)
+        own = zip(self.exp_avg_views, views(self.exp_avg_sq), self.steps.unbind(), strict=True)
+        self.entries = [dict(zip(_STATE, tensors, strict=True)) for tensors in own]
+        for p, entry in zip(params, self.entries, strict=True):
+            state[p].update(entry)
         self._one = th.tensor(1.0, device="cpu")
 
     @staticmethod
@@ -185,53 +156,46 @@ class FlatAdamGroup:
         if not params or len({(p.device, p.dtype) for p in params}) != 1 or not all(p.is_contiguous() for p in params):
             return False
         for p in params:
-            entry = state.get(p)
-            if not entry or any(not isinstance(entry.get(key), th.Tensor) for key in ("exp_avg", "exp_avg_sq", "step")):
+            entry = state.get(p) or {}
+            moments, step = [entry.get(key) for key in _STATE[:2]], entry.get("step")
+            if not all(isinstance(t, th.Tensor) for t in (*moments, step)) or step.dim() != 0 or step.device.type != "cpu":
                 return False
-            moments = (entry["exp_avg"], entry["exp_avg_sq"])
             if any(m.shape != p.shape or m.dtype != p.dtype or m.device != p.device for m in moments):
-                return False
-            if entry["step"].dim() != 0 or entry["step"].device.type != "cpu":
                 return False
         return len({float(state[p]["step"]) for p in params}) == 1
 
     def intact(self, params: list[th.Tensor], state: dict) -> bool:
         """Whether these parameters with gradients and ``optimizer.state`` still hold this layout's views."""
-        if state is not self.state or len(params) != len(self.params):
-            return False
-        views = zip(params, self.params, self.exp_avg_views, self.exp_avg_sq_views, self.step_views, strict=True)
-        for p, own, exp_avg, exp_avg_sq, step in views:
-            entry = state.get(p)
-            if p is not own or entry is None or entry.get("step") is not step:
-                return False
-            if entry.get("exp_avg") is not exp_avg or entry.get("exp_avg_sq") is not exp_avg_sq:
-                return False
-        return True
+        return (
+            state is self.state
+            and len(params) == len(self.params)
+            and len(set(self.steps.tolist())) == 1  # torch's own step on some of them makes the counts differ
+            and all(
+                p is own and all(state.get(p, {}).get(key) is view for key, view in entry.items())
+                for p, own, entry in zip(params, self.params, self.entries, strict=True)
+            )
+        )
 
-    def step(self, grads: list[th.Tensor], lr: float, beta1: float, beta2: float, eps: float) -> bool:
-        """One Adam step of the group, or ``False`` (nothing changed) where the step counts differ."""
-        counts = self.steps.tolist()
-        if min(counts) != max(counts):
-            return False
+    def step(self, grads: list[th.Tensor], lr: float, beta1: float, beta2: float, eps: float) -> None:
+        """One Adam step of the group: torch's ``_multi_tensor_adam`` arithmetic, one operation per buffer."""
         th.cat([grad.reshape(-1) for grad in grads], out=self.grad)
         self.steps.add_(self._one, alpha=1.0)
         self.exp_avg.lerp_(self.grad, 1 - beta1)
         self.exp_avg_sq.mul_(beta2)
         self.exp_avg_sq.addcmul_(self.grad, self.grad, value=1 - beta2)
-        count = self.step_views[0].item()
+        count = self.entries[0]["step"].item()
         th.sqrt(self.exp_avg_sq, out=self.denominator)
         self.denominator.div_((1 - beta2**count) ** 0.5)
         self.denominator.add_(eps)
         th._foreach_addcdiv_(self.params, self.exp_avg_views, self.denominator_views, (lr / (1 - beta1**count)) * -1)
-        return True
 
 
 @functools.lru_cache(maxsize=64)
 def flat_adam_is_exact(sizes: tuple[int, ...], dtype: th.dtype, device: th.device) -> bool:
     """
-    Whether :meth:`FlatAdamGroup.step` gives exactly torch's multi-tensor bits for parameters of these sizes here (a
-    kernel's vector loop and scalar tail may round differently, and the tails fall elsewhere in one buffer): both
-    forms run three steps from the same random values, spread over many binades, and every bit is compared.
+    Whether :meth:`FlatAdamGroup.step` gives torch's multi-tensor Adam's bits for parameters of these sizes here (a
+    kernel's vector loop and scalar tail may round differently, and the tails fall elsewhere in one buffer): both run
+    three steps from the same random values, spread over many binades, and every bit is compared.
     """
     generator = th.Generator().manual_seed(0)
 
@@ -248,18 +212,18 @@ def flat_adam_is_exact(sizes: tuple[int, ...], dtype: th.dtype, device: th.devic
     runs = []
     for flat in (False, True):
         params = [t.clone() for t in start[0]]
-        state = {
-            p: dict(exp_avg=m.clone(), exp_avg_sq=v.clone(), step=th.tensor(7.0))
-            for p, m, v in zip(params, *start[1:], strict=True)
-        }
-        group = FlatAdamGroup(params, state) if flat else None
+        adam = th.optim.Adam(params, lr=3e-4, betas=(0.9, 0.999), eps=1e-5, foreach=True)
+        for p, m, v in zip(params, *start[1:], strict=True):
+            adam.state[p] = dict(exp_avg=m.clone(), exp_avg_sq=v.clone(), step=th.tensor(7.0))
+        group = FlatAdamGroup(params, adam.state) if flat else None
         for grads in gradients:
             if group is not None:
                 group.step(grads, 3e-4, 0.9, 0.999, 1e-5)
-            else:
-                moments = ([state[p][key] for p in params] for key in ("exp_avg", "exp_avg_sq", "step"))
-                _foreach_moments_and_params(params, grads, *moments, 3e-4, 0.9, 0.999, 1e-5)
-        runs.append([t for p in params for t in (p, state[p]["exp_avg"], state[p]["exp_avg_sq"], state[p]["step"])])
+                continue
+            for p, grad in zip(params, grads, strict=True):
+                p.grad = grad
+            adam.step()
+        runs.append([t for p in params for t in (p, *(adam.state[p][key] for key in _STATE))])
     return all(_same_bits(a, b) for a, b in zip(*runs, strict=True))
 
 
@@ -273,12 +237,11 @@ def _same_bits(a: th.Tensor, b: th.Tensor) -> bool:
 
 class OptimizerStep:
     """
-    One update's ``optimizer.zero_grad()``, ``clip_grad_norm_(parameters, max_norm)`` and ``optimizer.step()``.
-    For SB3's Adam as the policies build it (foreach or fused; no AMSGrad, weight decay, maximize, capturable
-    or differentiable mode) they run torch's tensor operations in torch's order without its per-call Python
-    work: the same gradients, norms, moments and parameters, bit for bit. Any other optimizer or setting, a
-    ``step`` or ``zero_grad`` set on the instance, an optimizer hook (its own or global), Adam's first step, a
-    replacement of any function below SB3's three calls, and torch's profiler take torch's own calls.
+    One update's ``optimizer.zero_grad()``, ``clip_grad_norm_(parameters, max_norm)`` and ``optimizer.step()``, with
+    torch's tensor operations in torch's order without its per-call Python work (bit for bit), Adam's multi-tensor
+    step on flat buffers (:class:`FlatAdamGroup`). Any other optimizer or setting, a ``step`` or ``zero_grad`` set on
+    the instance, an optimizer hook, Adam's first step, a replacement of any function below SB3's three calls, and
+    torch's profiler take torch's own calls.
 
     :param optimizer: the policy's optimizer
     :param parameters: the parameters whose gradients are clipped
@@ -299,9 +262,8 @@ class OptimizerStep:
             and plain
             and type(optimizer) is th.optim.Adam
             and "step" not in patched
-            and all(_adam_mode(group) is not None for group in optimizer.param_groups)
+            and all(_lean_adam_group(group) for group in optimizer.param_groups)
             and all(not p.is_complex() for p in self.optimized)
-            and all(len({(p.device, p.dtype) for p in group["params"]}) <= 1 for group in optimizer.param_groups)
             and getattr(optimizer, "grad_scale", None) is None
             and getattr(optimizer, "found_inf", None) is None
         )
@@ -328,32 +290,25 @@ class OptimizerStep:
     def step(self) -> None:
         """``optimizer.step()``."""
         if not self._lean_adam or _runs_optimizer_hooks(self.optimizer) or not self._adam_step():
-            self._layouts.clear()  # torch's step may replace the state's tensors
+            self._layouts.clear()
             self.optimizer.step()
 
     @th.no_grad()
     def _adam_step(self) -> bool:
-        """torch's Adam on every group, or ``False`` (nothing changed): a parameter without state yet, or a sparse gradient."""
-        state = self.optimizer.state
-        groups = [(group, [p for p in group["params"] if p.grad is not None]) for group in self.optimizer.param_groups]
-        if any(not state.get(p) or cast(th.Tensor, p.grad).is_sparse for _, params in groups for p in params):
-            return False
-        for index, (group, params) in enumerate(groups):
-            if not params:
-                continue
-            grads = [cast(th.Tensor, p.grad) for p in params]
+        """Adam on every group's flat buffers, or ``False`` (nothing changed) where a group has no flat layout."""
+        work = []
+        for index, group in enumerate(self.optimizer.param_groups):
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                if any(cast(th.Tensor, p.grad).is_sparse for p in params):
+                    return False
+                flat = flat_adam_group(self._layouts, index, params, self.optimizer.state)
+                if flat is None:
+                    return False
+                work.append((group, params, flat))
+        for group, params, flat in work:
             (beta1, beta2), lr, eps = group["betas"], group["lr"], group["eps"]
-            moments = [[state[p][key] for p in params] for key in ("exp_avg", "exp_avg_sq", "step")]
-            if _adam_mode(group) == "fused":  # _fused_adam: the step counters, then one kernel
-                th._foreach_add_(moments[2], 1)
-                th._fused_adam_(
-                    params, grads, moments[0], moments[1], [], moments[2], amsgrad=False, lr=lr, beta1=beta1,
-                    beta2=beta2, weight_decay=0.0, eps=eps, maximize=False, grad_scale=None, found_inf=None,
-                )  # fmt: skip
-                continue
-            flat = flat_adam_group(self._layouts, index, params, state)
-            if flat is None or not flat.step(grads, lr, beta1, beta2, eps):
-                _foreach_moments_and_params(params, grads, *moments, lr, beta1, beta2, eps)
+            flat.step([cast(th.Tensor, p.grad) for p in params], lr, beta1, beta2, eps)
         return True
 
 
@@ -361,8 +316,8 @@ def flat_adam_group(
     layouts: dict[int, FlatAdamGroup], index: int, params: list[th.Tensor], state: dict
 ) -> FlatAdamGroup | None:
     """
-    The flat layout of group ``index`` for this step, kept in ``layouts``: laid out afresh where the state was
-    replaced (``load_state_dict``) or the parameters with gradients changed; ``None`` (per parameter) where it cannot be.
+    The flat layout of group ``index`` for this step, kept in ``layouts``: laid out afresh where the state was replaced
+    (``load_state_dict``) or the parameters with gradients changed; ``None`` where it cannot be (torch's step then).
     """
     flat = layouts.get(index)
     if flat is not None and flat.intact(params, state):
@@ -413,22 +368,50 @@ def _layer_step(module: nn.Module) -> LayerStep | None:
     return th.tanh if kind is nn.Tanh else None
 
 
+def _plan_steps(module: nn.Module, modules: list[nn.Module]) -> list[LayerStep] | None:
+    """The steps of a layer or an ``nn.Sequential`` of layers (each module appended to ``modules``); ``None`` for others."""
+    modules.append(module)
+    if type(module) is not nn.Sequential:
+        step = _layer_step(module)
+        return None if step is None else [step]
+    steps: list[LayerStep] = []
+    for layer in module:
+        layer_steps = _plan_steps(layer, modules)
+        if layer_steps is None:
+            return None
+        steps += layer_steps
+    return steps
+
+
+class Addmm(NamedTuple):
+    """An ``nn.Linear`` with a bias as ``F.linear`` runs it on a 2-D input: ``addmm(bias, input, weight.t())``."""
+
+    bias: th.Tensor
+    weight_t: th.Tensor
+
+
+def _run_steps(steps: tuple | list, x: th.Tensor) -> th.Tensor:
+    for step in steps:
+        kind = type(step)
+        if kind is Addmm:
+            x = th.addmm(step.bias, x, step.weight_t)
+        elif kind is tuple:
+            x = F.linear(x, *step)
+        else:
+            x = step(x)
+    return x
+
+
 def lean_call(module: nn.Module, x: th.Tensor) -> th.Tensor:
     """
     ``module(x)`` for SB3's layers (``nn.Sequential`` of ``nn.Linear`` and ``ReLU``/``Tanh``) through the functions
-    their ``forward`` calls, without ``nn.Module.__call__``: the same values and autograd graph. Any other module,
-    and any module that would run a hook, is called.
+    their ``forward`` calls: the same values and autograd graph. Other modules, and hooks, take ``module(x)``.
     """
-    if _runs_global_hooks() or _runs_own_hooks(module):
+    modules: list[nn.Module] = []
+    steps = _plan_steps(module, modules)
+    if steps is None or _runs_global_hooks() or any(_runs_own_hooks(m) for m in modules):
         return module(x)
-    if type(module) is nn.Sequential:
-        for layer in module:
-            x = lean_call(layer, x)
-        return x
-    step = _layer_step(module)
-    if step is None:
-        return module(x)
-    return F.linear(x, *step) if type(step) is tuple else step(x)  # type: ignore[misc, operator]
+    return _run_steps(steps, x)
 
 
 def lean_lstm(
@@ -489,40 +472,6 @@ class ArrayHead(NamedTuple):
     constant: float
 
 
-class Addmm(NamedTuple):
-    """An ``nn.Linear`` with a bias as ``F.linear`` runs it on a 2-D input: ``addmm(bias, input, weight.t())``."""
-
-    bias: th.Tensor
-    weight_t: th.Tensor
-
-
-def _run_steps(steps: tuple, x: th.Tensor) -> th.Tensor:
-    for step in steps:
-        kind = type(step)
-        if kind is Addmm:
-            x = th.addmm(step[0], x, step[1])
-        elif kind is tuple:
-            x = F.linear(x, *step)
-        else:
-            x = step(x)
-    return x
-
-
-def _plan_steps(module: nn.Module, modules: list[nn.Module]) -> list[LayerStep] | None:
-    """The steps of a layer or an ``nn.Sequential`` of layers (each module appended to ``modules``); ``None`` for others."""
-    modules.append(module)
-    if type(module) is not nn.Sequential:
-        step = _layer_step(module)
-        return None if step is None else [step]
-    steps: list[LayerStep] = []
-    for layer in module:
-        layer_steps = _plan_steps(layer, modules)
-        if layer_steps is None:
-            return None
-        steps += layer_steps
-    return steps
-
-
 class ActingPlan:
     """
     A policy's networks for one rollout collection (``policy.acting()``): the tensors and functions SB3's
@@ -539,8 +488,9 @@ class ActingPlan:
         self._pointers = [t.data_ptr() for t in self.tensors]
         self._addmm: list[tuple] | None = None
         self._arrays: ArrayPlan | bool | None = False  # not built yet
-        #: the Gaussian head's scale, computed once per collection (:func:`step_scale`)
+        #: what the Gaussian head computes once per collection (:func:`step_scale`, :func:`array_step`)
         self.head: StepScale | None = None
+        self.array_head: ArrayHead | None = None
 
     @classmethod
     def of(cls, policy: nn.Module) -> ActingPlan | None:
@@ -598,8 +548,10 @@ class ActingPlan:
     def arrays(self) -> ArrayPlan | None:
         """This plan in NumPy (the fast mode's), built on the first call; ``None`` where it cannot run there."""
         if self._arrays is False:
-            cpu32 = all(t.device.type == "cpu" and t.dtype == th.float32 for t in self.tensors)
-            self._arrays = ArrayPlan(self) if cpu32 and self.one_hot is None else None
+            self._arrays = None
+            if self.one_hot is None and all(t.device.type == "cpu" and t.dtype == th.float32 for t in self.tensors):
+                pi, vf, action, value = (tuple(_array_step(step) for step in steps) for steps in self.networks)
+                self._arrays = ArrayPlan((*pi, *action), (*vf, *value))
         return cast("ArrayPlan | None", self._arrays)
 
 
@@ -624,20 +576,14 @@ def _run_array_steps(steps: tuple, x: np.ndarray) -> np.ndarray:
     return x
 
 
-class ArrayPlan:
-    """
-    An :class:`ActingPlan` in NumPy, on arrays sharing the parameters' memory (CPU, float32): the fast mode's rollout
-    step, to float rounding (NumPy's cost per tiny operation is a fraction of torch's).
-    """
+class ArrayPlan(NamedTuple):
+    """An :class:`ActingPlan` in NumPy on arrays sharing the parameters' memory (CPU, float32): the fast mode's step."""
 
-    def __init__(self, plan: ActingPlan) -> None:
-        pi, vf, action, value = (tuple(_array_step(step) for step in steps) for steps in plan.networks)
-        self.pi, self.vf = (*pi, *action), (*vf, *value)
-        #: what the Gaussian head needs at every step, computed once per collection
-        self.head: ArrayHead | None = None
+    pi: tuple
+    vf: tuple
 
     def step(self, obs: th.Tensor) -> tuple[np.ndarray, np.ndarray]:
-        """``(values, action head output)`` of the observations (a CPU tensor)."""
+        """``(values, action head output)`` of the observations (a CPU tensor), to float rounding."""
         features = obs.numpy().reshape(len(obs), -1).astype(np.float32, copy=False)
         return _run_array_steps(self.vf, features), _run_array_steps(self.pi, features)
 
@@ -689,12 +635,12 @@ def array_step(policy: PPOExtActorCriticPolicy, obs: th.Tensor, deterministic: b
     arrays = plan.arrays()
     if arrays is None:
         return None
-    head = arrays.head
+    head = plan.array_head
     if head is None or not head.log_std.unchanged():  # once per collection, unless log_std changes
         snapshot = TensorSnapshot(policy.log_std)
         log_half_range_sum = policy._log_half_range_sum if policy.squash_output else None
         constant = gaussian_log_prob_constant(snapshot.array, log_half_range_sum)
-        head = arrays.head = ArrayHead(snapshot, np.exp(snapshot.array), constant)
+        head = plan.array_head = ArrayHead(snapshot, np.exp(snapshot.array), constant)
     values, mean = arrays.step(obs)
     noise = None if deterministic else th.randn(mean.shape).numpy()  # the default step's draw
     actions, log_prob = gaussian_step_from_noise(mean, head.scale, noise, head.constant, policy.squash_output)

@@ -434,7 +434,7 @@ def test_acting_plan_follows_parameters_changed_within_a_collection(policy_kwarg
                 upstream = _upstream_forward(policy, batch, False)
                 assert all(same(a, b) for a, b in zip(direct, upstream, strict=True))
             # the derived forms took these steps
-            assert plan.arrays().head is not None if fast else plan._addmm is not None and plan.head is not None
+            assert plan.array_head is not None if fast else plan._addmm is not None and plan.head is not None
         with th.enable_grad():
             th.manual_seed(3)
             direct = policy(obs)
