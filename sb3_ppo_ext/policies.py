@@ -113,10 +113,8 @@ def network_parameters(policy: nn.Module) -> dict[str, list[nn.Parameter]]:
 
 class CheckedForward:
     """
-    Mixin of this package's policies: ``forward`` is upstream's, with torch's distribution checks replaced by one (a
-    non-finite log-probability of the sampled actions is a ``ValueError``, as torch's check makes it upstream), and
-    for a head of :meth:`direct_head` computed without distribution objects (:func:`sb3_ppo_ext.speed.direct_step`):
-    the same actions, values, log-probabilities and random draws, bit for bit.
+    Mixin of the policies: upstream's ``forward`` with one check for torch's (a non-finite log-probability is a
+    ``ValueError``), stepping a :meth:`direct_head` without distribution objects (:func:`~sb3_ppo_ext.speed.direct_step`).
     """
 
     _acting_plan: speed.ActingPlan | None = None
@@ -149,6 +147,18 @@ class CheckedForward:
         finally:
             self._acting_plan = previous
 
+    def _scores(
+        self, latent_pi: th.Tensor, latent_vf: th.Tensor, actions: th.Tensor, entropy_requires_grad: bool, masks: Any = None
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Distribution]:
+        """Values, log-probabilities, entropy and distribution of the latents, as upstream's ``evaluate_actions``."""
+        distribution = self._get_action_dist_from_latent(latent_pi)  # type: ignore[attr-defined]
+        if masks is not None:
+            distribution.apply_masking(masks)
+        values, log_prob = speed.lean_call(self.value_net, latent_vf), distribution.log_prob(actions)  # type: ignore[attr-defined]
+        with th.set_grad_enabled(entropy_requires_grad and th.is_grad_enabled()):
+            entropy = distribution.entropy()
+        return values, log_prob, entropy, distribution
+
     def _latents(self, obs: PyTorchObs) -> tuple[th.Tensor, th.Tensor]:
         """The actor's and the critic's latents, as upstream's ``forward`` computes them (SB3's MlpExtractor: lean layers)."""
         features = self.extract_features(obs)  # type: ignore[attr-defined]
@@ -180,10 +190,7 @@ class NetworkLearningRates:
         if self.learning_rates is None:
             return
         # After every parent's __init__ (sb3-contrib's LSTM policy builds its optimizer last).
-        self.learning_rate_schedules = {
-            network: learning_rate_schedule(f"policy_kwargs.learning_rates.{network}", self.learning_rates[network])
-            for network in NETWORKS
-        }
+        self._set_schedules("policy_kwargs.learning_rates", self.learning_rates)
         parameters = network_parameters(self)  # type: ignore[arg-type]
         groups = [
             {"params": parameters[network], "lr": self.learning_rate_schedules[network](1), "network": network}
@@ -224,10 +231,12 @@ class NetworkLearningRates:
             raise InvalidSettingError(f"{type(self).__name__} has no learning_rates: its optimizer has one group")
         check_network_learning_rates("learning_rates", learning_rates)
         self.learning_rates = dict(learning_rates)
-        self.learning_rate_schedules = {
-            network: learning_rate_schedule(f"learning_rates.{network}", learning_rates[network]) for network in NETWORKS
-        }
+        self._set_schedules("learning_rates", self.learning_rates)
         self.set_learning_rates(1.0)
+
+    def _set_schedules(self, setting: str, learning_rates: Mapping[str, Any]) -> None:
+        schedules = {network: learning_rate_schedule(f"{setting}.{network}", learning_rates[network]) for network in NETWORKS}
+        self.learning_rate_schedules = schedules
 
 
 class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticPolicy):
@@ -472,12 +481,7 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
             scores = speed.direct_scores(self, obs, actions, entropy_requires_grad)  # type: ignore[arg-type]
             if scores is not None:
                 return (*scores, None)
-        latent_pi, latent_vf = self._latents(obs)
-        distribution = self._get_action_dist_from_latent(latent_pi)
-        values, log_prob = speed.lean_call(self.value_net, latent_vf), distribution.log_prob(actions)
-        with th.set_grad_enabled(entropy_requires_grad and th.is_grad_enabled()):
-            entropy = distribution.entropy()
-        return values, log_prob, entropy, distribution
+        return self._scores(*self._latents(obs), actions, entropy_requires_grad)
 
     def evaluate_actions(self, obs: PyTorchObs, actions: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:
         values, log_prob, entropy, _ = self.evaluate_actions_and_distribution(obs, actions, need_distribution=False)
@@ -588,15 +592,7 @@ class MaskablePPOExtPolicy(CheckedForward, NetworkLearningRates, MaskableActorCr
         entropy_requires_grad: bool = True,
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Any]:
         """Upstream's ``evaluate_actions`` (``action_masks``: ``None`` for none) that also returns the distribution."""
-        latent_pi, latent_vf = self._latents(obs)
-        distribution = self._get_action_dist_from_latent(latent_pi)
-        if action_masks is not None:
-            distribution.apply_masking(action_masks)
-        log_prob = distribution.log_prob(actions)
-        values = speed.lean_call(self.value_net, latent_vf)
-        with th.set_grad_enabled(entropy_requires_grad and th.is_grad_enabled()):
-            entropy = distribution.entropy()
-        return values, log_prob, entropy, distribution
+        return self._scores(*self._latents(obs), actions, entropy_requires_grad, action_masks)
 
     def evaluate_actions(
         self, obs: th.Tensor, actions: th.Tensor, action_masks: th.Tensor | None = None
@@ -657,11 +653,8 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
             self._warned_outside_ext_collection = True
             warnings.warn(
                 f"{type(self).__name__} has the squashed head (squash_output=True): forward returns pre-squash "
-                "actions, which only RecurrentPPOExt's rollout collection turns into the env's actions "
-                "(policy.unscale_action of them). sb3-contrib's RecurrentPPO ignores squash_output and sends them "
-                "clipped to the bounds, so a RecurrentPPOExt file loaded with sb3_contrib.RecurrentPPO.load trains on "
-                "other actions than the ones predict returns: load it with sb3_ppo_ext.RecurrentPPOExt.load "
-                "(predict is right under either class)",
+                "actions, which a file loaded with sb3_contrib.RecurrentPPO.load sends clipped to the env, not squashed: "
+                "load it with sb3_ppo_ext.RecurrentPPOExt.load (predict is right under either class)",
                 SquashedActionsWarning,
                 stacklevel=2,
             )
@@ -744,10 +737,7 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
         else:
             pi_features, vf_features = features
         # RNNStates annotates each LSTM's states as a tuple of any length: they are (h, c).
-        pi_states, vf_states = (
-            cast(tuple[th.Tensor, th.Tensor], lstm_states.pi),
-            cast(tuple[th.Tensor, th.Tensor], lstm_states.vf),
-        )
+        pi_states, vf_states = cast(tuple[tuple[th.Tensor, th.Tensor], tuple[th.Tensor, th.Tensor]], lstm_states)
         latent_pi, _ = self._sequence_pass(pi_features, pi_states, episode_starts, self.lstm_actor)
         if self.lstm_critic is not None:
             latent_vf, _ = self._sequence_pass(vf_features, vf_states, episode_starts, self.lstm_critic)
@@ -755,14 +745,8 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
             latent_vf = latent_pi.detach()
         else:
             latent_vf = self.critic(vf_features)  # type: ignore[misc]  # sb3-contrib types critic as None when an LSTM serves it
-        latent_pi = self.mlp_extractor.forward_actor(latent_pi)
-        latent_vf = self.mlp_extractor.forward_critic(latent_vf)
-        distribution = self._get_action_dist_from_latent(latent_pi)
-        log_prob = distribution.log_prob(actions)
-        values = self.value_net(latent_vf)
-        with th.set_grad_enabled(entropy_requires_grad and th.is_grad_enabled()):
-            entropy = distribution.entropy()
-        return values, log_prob, entropy, distribution
+        latent_pi, latent_vf = self.mlp_extractor.forward_actor(latent_pi), self.mlp_extractor.forward_critic(latent_vf)
+        return self._scores(latent_pi, latent_vf, actions, entropy_requires_grad)
 
     def evaluate_actions(  # type: ignore[override]
         self, obs: th.Tensor, actions: th.Tensor, lstm_states: RNNStates, episode_starts: th.Tensor

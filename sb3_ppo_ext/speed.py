@@ -62,9 +62,8 @@ class Scores(NamedTuple):
 
 def with_foreach_adam(kwargs: dict[str, object], fused: bool = False) -> dict[str, object]:
     """
-    A policy's keyword arguments with ``optimizer_kwargs["foreach"] = True`` (``fused`` instead with ``fused``,
-    the fast mode's: not bit for bit) for SB3's default Adam, unless ``foreach`` or ``fused`` is given. SB3's
-    ``eps=1e-5``, which it gives Adam only without ``optimizer_kwargs``, is kept where it applies.
+    A policy's keyword arguments with SB3's default Adam multi-tensor (``foreach=True``; ``fused=True`` with ``fused``)
+    unless ``foreach`` or ``fused`` is given; SB3's ``eps=1e-5`` without ``optimizer_kwargs`` is kept.
     """
     if kwargs.get("optimizer_class", th.optim.Adam) is not th.optim.Adam:
         return kwargs
@@ -116,12 +115,8 @@ def _torchs_functions() -> bool:
 
 def _runs_optimizer_hooks(optimizer: th.optim.Optimizer) -> bool:
     """Whether ``optimizer.step()`` would run a hook (its own, or one registered for every optimizer)."""
-    return bool(
-        optimizer._optimizer_step_pre_hooks
-        or optimizer._optimizer_step_post_hooks
-        or torch_optimizer._global_optimizer_pre_hooks
-        or torch_optimizer._global_optimizer_post_hooks
-    )
+    own = optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks
+    return bool(own or torch_optimizer._global_optimizer_pre_hooks or torch_optimizer._global_optimizer_post_hooks)
 
 
 class FlatAdamGroup:
@@ -336,13 +331,8 @@ def flat_adam_group(
 
 def _runs_global_hooks() -> bool:
     """Whether torch holds a hook for every module (``register_module_forward_hook`` & co.) or ``torch.jit.trace`` runs."""
-    return bool(
-        torch_module._global_forward_hooks
-        or torch_module._global_forward_pre_hooks
-        or torch_module._global_backward_hooks
-        or torch_module._global_backward_pre_hooks
-        or th.jit.is_tracing()
-    )
+    hooks = torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
+    return bool(hooks or torch_module._global_backward_hooks or torch_module._global_backward_pre_hooks or th.jit.is_tracing())
 
 
 def _runs_own_hooks(module: nn.Module) -> bool:
@@ -418,11 +408,8 @@ def lean_lstm(
     lstm: nn.LSTM, x: th.Tensor, states: tuple[th.Tensor, th.Tensor], weights: list[th.Tensor] | None = None
 ) -> tuple[th.Tensor, tuple[th.Tensor, th.Tensor]]:
     """
-    ``lstm(x, states)`` as sb3-contrib calls it (3-D input, both states): the ``torch.lstm`` call of
-    ``nn.LSTM.forward`` without its per-call checks. A subclass, a module that would run hooks and any other
-    input go through the module.
-
-    :param weights: :func:`lstm_weights` of ``lstm``, where the caller made them once for several calls
+    ``lstm(x, states)`` (3-D input, both states) through the ``torch.lstm`` call of ``nn.LSTM.forward``, without its
+    per-call checks; a subclass, hooks and other inputs go through the module. ``weights``: :func:`lstm_weights`.
     """
     if type(lstm) is not nn.LSTM or runs_hooks(lstm) or x.dim() != 3 or len(states) != 2 or states[0].dim() != 3:
         return lstm(x, states)
@@ -602,9 +589,8 @@ def step_outputs(policy: PPOExtActorCriticPolicy, obs: th.Tensor) -> tuple[th.Te
 
 def step_scale(policy: PPOExtActorCriticPolicy, head: th.Tensor) -> tuple[th.Tensor, tuple[th.Tensor, th.Tensor] | None]:
     """
-    The state-independent Gaussian's scale (SB3: ``ones_like(head) * exp(log_std)``, the same values) and, in a
-    collection's plan on a CPU without autograd, its log-probability terms: computed once and reused while
-    ``log_std`` keeps its memory and bytes.
+    The state-independent Gaussian's scale (SB3: ``ones_like(head) * exp(log_std)``) and, in a collection's plan on a
+    CPU without autograd, its log-probability terms, reused while ``log_std`` keeps its memory and bytes.
     """
     plan, log_std = policy._acting_plan, policy.log_std
     if plan is None or th.is_grad_enabled() or log_std.device.type != "cpu":
@@ -625,9 +611,8 @@ def sde_scale(policy: PPOExtActorCriticPolicy, latent_pi: th.Tensor) -> tuple[th
 
 def array_step(policy: PPOExtActorCriticPolicy, obs: th.Tensor, deterministic: bool) -> Step | None:
     """
-    The fast mode's step of a state-independent Gaussian head (squashed or not): the networks in NumPy, torch's
-    random draw, the log-probability from the draw. ``None`` outside a collection's plan, where the plan cannot
-    run in NumPy, with autograd on or where a hook would run.
+    The fast mode's step of a state-independent Gaussian head in NumPy (torch's draw, the log-probability from the
+    draw); ``None`` outside a collection's plan, where it cannot run in NumPy, with autograd or hooks.
     """
     plan = policy._acting_plan
     if plan is None or th.is_grad_enabled() or not plan.usable():
@@ -654,10 +639,7 @@ def array_step(policy: PPOExtActorCriticPolicy, obs: th.Tensor, deterministic: b
 def direct_step(
     policy: PPOExtActorCriticPolicy, obs: th.Tensor, deterministic: bool = False, action_masks: np.ndarray | None = None
 ) -> Step | None:
-    """
-    Upstream's ``forward`` for a head of :meth:`~sb3_ppo_ext.policies.CheckedForward.direct_head`, without SB3's and
-    torch's distribution objects: the same actions, values, log-probabilities and random draws. ``None``: no such head.
-    """
+    """Upstream's ``forward`` for a :meth:`direct_head` without distribution objects (the same bits and draws)."""
     kind = policy.direct_head()
     if kind is None:
         return None
@@ -687,9 +669,8 @@ def direct_scores(
     policy: PPOExtActorCriticPolicy, obs: th.Tensor, actions: th.Tensor, entropy_requires_grad: bool
 ) -> Scores | None:
     """
-    A minibatch's scores for the Gaussian heads (``direct_head()`` ``"gaussian"`` or ``"sde"``, squashed or not)
-    with the operations of SB3's and torch's distributions (and of the squashed head's), without building them:
-    the same values, gradients and random draws. ``None`` for the other heads.
+    A minibatch's scores for the Gaussian heads (squashed or not, gSDE or not) with the operations of SB3's and
+    torch's distributions, without building them (the same bits and draws); ``None`` for the other heads.
     """
     kind = policy.direct_head()
     if kind not in ("gaussian", "sde") or policy.state_dependent_std:
