@@ -190,12 +190,9 @@ class NetworkLearningRates:
         if self.learning_rates is None:
             return
         # After every parent's __init__ (sb3-contrib's LSTM policy builds its optimizer last).
-        self._set_schedules("policy_kwargs.learning_rates", self.learning_rates)
+        schedules = self._set_schedules("policy_kwargs.learning_rates", self.learning_rates)
         parameters = network_parameters(self)  # type: ignore[arg-type]
-        groups = [
-            {"params": parameters[network], "lr": self.learning_rate_schedules[network](1), "network": network}
-            for network in NETWORKS
-        ]
+        groups = [{"params": parameters[network], "lr": schedules[network](1), "network": network} for network in NETWORKS]
         self.optimizer = self.optimizer_class(groups, **self.optimizer_kwargs)
 
     fast: bool = False
@@ -234,9 +231,10 @@ class NetworkLearningRates:
         self._set_schedules("learning_rates", self.learning_rates)
         self.set_learning_rates(1.0)
 
-    def _set_schedules(self, setting: str, learning_rates: Mapping[str, Any]) -> None:
+    def _set_schedules(self, setting: str, learning_rates: Mapping[str, Any]) -> dict[str, Schedule]:
         schedules = {network: learning_rate_schedule(f"{setting}.{network}", learning_rates[network]) for network in NETWORKS}
         self.learning_rate_schedules = schedules
+        return schedules
 
 
 class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticPolicy):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
 import torch as th
@@ -60,7 +60,7 @@ class Scores(NamedTuple):
 # ---- Adam and the optimizer step --------------------------------------------------------------------------
 
 
-def with_foreach_adam(kwargs: dict[str, object], fused: bool = False) -> dict[str, object]:
+def with_foreach_adam(kwargs: dict[str, Any], fused: bool = False) -> dict[str, Any]:
     """
     A policy's keyword arguments with SB3's default Adam multi-tensor (``foreach=True``; ``fused=True`` with ``fused``)
     unless ``foreach`` or ``fused`` is given; SB3's ``eps=1e-5`` without ``optimizer_kwargs`` is kept.
@@ -151,11 +151,12 @@ class FlatAdamGroup:
         if not params or len({(p.device, p.dtype) for p in params}) != 1 or not all(p.is_contiguous() for p in params):
             return False
         for p in params:
-            entry = state.get(p) or {}
-            moments, step = [entry.get(key) for key in _STATE[:2]], entry.get("step")
-            if not all(isinstance(t, th.Tensor) for t in (*moments, step)) or step.dim() != 0 or step.device.type != "cpu":
+            exp_avg, exp_avg_sq, step = ((state.get(p) or {}).get(key) for key in _STATE)
+            if not (isinstance(exp_avg, th.Tensor) and isinstance(exp_avg_sq, th.Tensor) and isinstance(step, th.Tensor)):
                 return False
-            if any(m.shape != p.shape or m.dtype != p.dtype or m.device != p.device for m in moments):
+            if step.dim() != 0 or step.device.type != "cpu":
+                return False
+            if any(m.shape != p.shape or m.dtype != p.dtype or m.device != p.device for m in (exp_avg, exp_avg_sq)):
                 return False
         return len({float(state[p]["step"]) for p in params}) == 1
 
@@ -662,7 +663,7 @@ def direct_step(
             noise = None if deterministic else cast(StateDependentNoiseDistribution, policy.action_dist).get_noise(latent_sde)
         log_half_range_sum = policy._log_half_range_sum if policy.squash_output else None
         actions, log_prob = direct_gaussian(head, scale, deterministic, log_half_range_sum, noise, scale_terms)
-    return Step(actions.reshape((-1, *policy.action_space.shape)), values, log_prob)
+    return Step(actions.reshape((-1, *cast(tuple[int, ...], policy.action_space.shape))), values, log_prob)
 
 
 def direct_scores(
