@@ -120,7 +120,7 @@ class CheckedForward:
     _acting_plan: speed.ActingPlan | None = None
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        output = speed.direct_step(self, *args, **kwargs) if self.direct_head() is not None else None  # type: ignore[arg-type]
+        output = speed.direct_step(self, *args, **kwargs) if self.direct_head() is not None else None
         if output is None:
             output = super().forward(*args, **kwargs)  # type: ignore[misc]
         # NaN and inf survive a sum: one tensor op and one host read, unless the step checked its own (in NumPy).

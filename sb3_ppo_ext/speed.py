@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch as th
@@ -37,8 +37,8 @@ from sb3_ppo_ext.distributions import (
     squashed_log_prob,
 )
 
-if TYPE_CHECKING:
-    from sb3_ppo_ext.policies import PPOExtActorCriticPolicy
+# A policy of sb3_ppo_ext.policies (which imports this module): its heads' attributes are read as they are.
+Policy = Any
 
 
 class Step(NamedTuple):
@@ -579,7 +579,7 @@ class ArrayPlan(NamedTuple):
 # ---- rollout steps and minibatch scores without distribution objects ---------------------------------------
 
 
-def step_outputs(policy: PPOExtActorCriticPolicy, obs: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+def step_outputs(policy: Policy, obs: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
     """``(latent_pi, values, action head output)`` of a rollout step: through the acting plan where there is one."""
     plan = policy._acting_plan
     if plan is not None and plan.usable():
@@ -588,7 +588,7 @@ def step_outputs(policy: PPOExtActorCriticPolicy, obs: th.Tensor) -> tuple[th.Te
     return latent_pi, lean_call(policy.value_net, latent_vf), lean_call(policy.action_net, latent_pi)
 
 
-def step_scale(policy: PPOExtActorCriticPolicy, head: th.Tensor) -> tuple[th.Tensor, tuple[th.Tensor, th.Tensor] | None]:
+def step_scale(policy: Policy, head: th.Tensor) -> tuple[th.Tensor, tuple[th.Tensor, th.Tensor] | None]:
     """
     The state-independent Gaussian's scale (SB3: ``ones_like(head) * exp(log_std)``) and, in a collection's plan on a
     CPU without autograd, its log-probability terms, reused while ``log_std`` keeps its memory and bytes.
@@ -603,14 +603,14 @@ def step_scale(policy: PPOExtActorCriticPolicy, head: th.Tensor) -> tuple[th.Ten
     return cached.scale, cached.terms
 
 
-def sde_scale(policy: PPOExtActorCriticPolicy, latent_pi: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+def sde_scale(policy: Policy, latent_pi: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
     """gSDE's ``latent_sde`` and scale as SB3's ``StateDependentNoiseDistribution.proba_distribution`` computes them."""
     dist = cast(StateDependentNoiseDistribution, policy.action_dist)
     latent_sde = latent_pi if dist.learn_features else latent_pi.detach()
     return latent_sde, th.sqrt(th.mm(latent_sde**2, dist.get_std(policy.log_std) ** 2) + dist.epsilon)
 
 
-def array_step(policy: PPOExtActorCriticPolicy, obs: th.Tensor, deterministic: bool) -> Step | None:
+def array_step(policy: Policy, obs: th.Tensor, deterministic: bool) -> Step | None:
     """
     The fast mode's step of a state-independent Gaussian head in NumPy (torch's draw, the log-probability from the
     draw); ``None`` outside a collection's plan, where it cannot run in NumPy, with autograd or hooks.
@@ -638,7 +638,7 @@ def array_step(policy: PPOExtActorCriticPolicy, obs: th.Tensor, deterministic: b
 
 
 def direct_step(
-    policy: PPOExtActorCriticPolicy, obs: th.Tensor, deterministic: bool = False, action_masks: np.ndarray | None = None
+    policy: Policy, obs: th.Tensor, deterministic: bool = False, action_masks: np.ndarray | None = None
 ) -> Step | None:
     """Upstream's ``forward`` for a :meth:`direct_head` without distribution objects (the same bits and draws)."""
     kind = policy.direct_head()
@@ -666,9 +666,7 @@ def direct_step(
     return Step(actions.reshape((-1, *cast(tuple[int, ...], policy.action_space.shape))), values, log_prob)
 
 
-def direct_scores(
-    policy: PPOExtActorCriticPolicy, obs: th.Tensor, actions: th.Tensor, entropy_requires_grad: bool
-) -> Scores | None:
+def direct_scores(policy: Policy, obs: th.Tensor, actions: th.Tensor, entropy_requires_grad: bool) -> Scores | None:
     """
     A minibatch's scores for the Gaussian heads (squashed or not, gSDE or not) with the operations of SB3's and
     torch's distributions, without building them (the same bits and draws); ``None`` for the other heads.
