@@ -6,7 +6,7 @@ import contextlib
 import math
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 import numpy as np
 import torch as th
@@ -22,27 +22,17 @@ from stable_baselines3.common.distributions import (
     StateDependentNoiseDistribution,
 )
 from stable_baselines3.common.policies import ActorCriticPolicy, BasePolicy
-from stable_baselines3.common.preprocessing import get_action_dim, is_image_space
-from stable_baselines3.common.torch_layers import CombinedExtractor, FlattenExtractor, MlpExtractor, NatureCNN
+from stable_baselines3.common.preprocessing import get_action_dim
+from stable_baselines3.common.torch_layers import CombinedExtractor, MlpExtractor, NatureCNN
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from stable_baselines3.common.utils import FloatSchedule, LinearSchedule
 from torch import nn
-from torch.nn import functional as F
-from torch.nn.modules import module as torch_module
 
+from sb3_ppo_ext import speed
 from sb3_ppo_ext.distributions import (
     BetaDistribution,
     TanhSquashedDistribution,
-    direct_categorical,
-    direct_gaussian,
-    gaussian_entropy,
-    gaussian_log_prob,
-    gaussian_log_prob_constant,
-    gaussian_scale_terms,
-    gaussian_step_from_noise,
-    log_tanh_jacobian_sum,
     rescale_tanh64,
-    squashed_log_prob,
 )
 from sb3_ppo_ext.validation import (
     DEFAULT_LOG_STD_BOUNDS,
@@ -64,13 +54,11 @@ NETWORKS = ("pi", "vf")
 
 def learning_rate_schedule(name: str, value: float | str | Callable[[float], float]) -> Schedule:
     """
-    The schedule of one entry of ``learning_rates`` (checked by
-    :func:`sb3_ppo_ext.validation.check_network_learning_rates`): a number is constant, ``"lin_<x>"``
-    is rl-zoo3's linear schedule from ``x`` to 0, a callable of the progress remaining is used as it is.
+    The schedule of one entry of ``learning_rates``: a number is constant, ``"lin_<x>"`` linear from ``x`` to 0, a
+    callable of the progress remaining is used as it is.
 
     :param name: the setting's name, for messages
     :param value: the entry
-    :return: a schedule of the progress remaining (1 to 0)
     """
     if isinstance(value, str):
         start = linear_schedule_start(value)
@@ -84,14 +72,8 @@ def learning_rate_schedule(name: str, value: float | str | Callable[[float], flo
 
 def network_parameters(policy: nn.Module) -> dict[str, list[nn.Parameter]]:
     """
-    The actor's (``"pi"``) and the critic's (``"vf"``) parameters of an actor-critic policy.
-
-    ``"vf"``: the critic's MLP (``mlp_extractor.value_net``), ``value_net``, the critic's own features
-    extractor (``share_features_extractor=False``) and, in an LSTM policy, the critic's LSTM
-    (``lstm_critic``) or its linear layer (``critic``). ``"pi"``: everything else, i.e. the actor's
-    MLP (``mlp_extractor.policy_net``), ``action_net``, ``log_std`` / ``log_std_net`` (or the Beta
-    head, which is ``action_net``), the actor's features extractor and the actor's LSTM (which a
-    ``shared_lstm=True`` critic reads detached: the value loss does not train it).
+    The actor's (``"pi"``) and the critic's (``"vf"``) parameters of an actor-critic policy: ``"vf"`` are the
+    critic's MLP, ``value_net``, the critic's own features extractor and LSTM (or its linear ``critic``); ``"pi"`` the rest.
 
     :param policy: e.g. a :class:`PPOExtActorCriticPolicy`
     :return: ``{"pi": [...], "vf": [...]}`` in ``named_parameters`` order
@@ -114,384 +96,19 @@ def network_parameters(policy: nn.Module) -> dict[str, list[nn.Parameter]]:
     return groups
 
 
-def with_foreach_adam(kwargs: dict[str, Any], fused: bool = False) -> dict[str, Any]:
-    """
-    A policy's keyword arguments with ``optimizer_kwargs["foreach"] = True`` for SB3's default Adam
-    (unless ``foreach`` or ``fused`` is given): the multi-tensor Adam, the same arithmetic per element
-    (bit for bit) in a few tensor operations per step instead of a dozen per parameter. With ``fused``
-    (the policies' ``fast=True``), ``fused=True`` instead: one kernel per step, about twice as fast
-    again, equal to float rounding but not bit for bit. SB3 gives Adam ``eps=1e-5`` only when no
-    ``optimizer_kwargs`` are passed, so that default is kept where it applies.
-    """
-    if kwargs.get("optimizer_class", th.optim.Adam) is not th.optim.Adam:
-        return kwargs
-    optimizer_kwargs = kwargs.get("optimizer_kwargs")
-    if optimizer_kwargs is None:
-        optimizer_kwargs = {"eps": 1e-5}  # SB3's default for Adam without optimizer_kwargs
-    elif not isinstance(optimizer_kwargs, dict) or {"foreach", "fused"} & set(optimizer_kwargs):
-        return kwargs
-    return {**kwargs, "optimizer_kwargs": {**optimizer_kwargs, ("fused" if fused else "foreach"): True}}
-
-
-def _runs_global_hooks() -> bool:
-    """Whether torch holds a hook for every module (``register_module_forward_hook`` & co.) or ``torch.jit.trace`` runs."""
-    return bool(
-        torch_module._global_forward_hooks
-        or torch_module._global_forward_pre_hooks
-        or torch_module._global_backward_hooks
-        or torch_module._global_backward_pre_hooks
-        or th.jit.is_tracing()
-    )
-
-
-def _runs_own_hooks(module: nn.Module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks)
-
-
-def runs_hooks(module: nn.Module) -> bool:
-    """
-    Whether calling ``module`` would run a hook (its own or one registered for every module) or be
-    traced by ``torch.jit.trace``: what ``nn.Module.__call__`` checks before it calls ``forward``
-    directly (read here, never changed). A test fails when the installed torch keeps its hooks elsewhere.
-    """
-    return _runs_global_hooks() or _runs_own_hooks(module)
-
-
-def lean_call(module: nn.Module, x: th.Tensor) -> th.Tensor:
-    """
-    ``module(x)`` for the layers SB3 builds its networks from (``nn.Sequential`` of ``nn.Linear`` and
-    ``ReLU``/``Tanh`` activations), computed by the functions their ``forward`` calls, without
-    ``nn.Module.__call__`` per layer: the same operations on the same tensors, so the same values and
-    autograd graph, bit for bit. Any other module, and any module that would run hooks, is called the usual way.
-
-    :param module: a network of the policy (``mlp_extractor.policy_net``, ``action_net``, ...)
-    :param x: its input
-    :return: its output
-    """
-    if _runs_global_hooks():
-        return module(x)
-    return _lean_layers(module, x)
-
-
-def lean_lstm(
-    lstm: nn.LSTM, x: th.Tensor, states: tuple[th.Tensor, th.Tensor], weights: list[th.Tensor] | None = None
-) -> tuple[th.Tensor, tuple[th.Tensor, th.Tensor]]:
-    """
-    ``lstm(x, states)`` for a plain ``nn.LSTM`` called as sb3-contrib's recurrent policies call it (a batched,
-    3-D input and both states): the ``torch.lstm`` that ``nn.LSTM.forward`` calls, with the same arguments,
-    without the module's per-call checks and weight bookkeeping. The same function on the same tensors, so the
-    same values and autograd graph, bit for bit (tested). A subclass of ``nn.LSTM``, a module that would run
-    hooks and any other input go through the module (its checks and messages).
-
-    :param lstm: the LSTM
-    :param x: its input, ``(steps, batch, features)`` (``(batch, steps, features)`` with ``batch_first``)
-    :param states: the hidden and cell states
-    :param weights: :func:`lstm_weights` of ``lstm``, where the caller made them once for several calls
-    :return: the output and the new ``(hidden, cell)`` states
-    """
-    if type(lstm) is not nn.LSTM or runs_hooks(lstm) or x.dim() != 3 or len(states) != 2 or states[0].dim() != 3:
-        return lstm(x, states)
-    output, hidden, cell = th.lstm(
-        x, states, lstm_weights(lstm) if weights is None else weights, lstm.bias, lstm.num_layers,
-        float(lstm.dropout), lstm.training, lstm.bidirectional, lstm.batch_first,
-    )  # fmt: skip
-    return output, (hidden, cell)
-
-
-def lstm_weights(lstm: nn.LSTM) -> list[th.Tensor]:
-    """The weights ``nn.LSTM.forward`` hands ``torch.lstm``, layer by layer, as its public ``all_weights`` lists them."""
-    return [weight for layer in lstm.all_weights for weight in layer]
-
-
-def _layer_step(module: nn.Module) -> tuple[th.Tensor, th.Tensor | None] | Callable[[th.Tensor], th.Tensor] | None:
-    """
-    What a layer's ``forward`` computes, for the layers SB3 builds its networks from: ``(weight, bias)`` of
-    an ``nn.Linear`` (``F.linear``), the function of a ``ReLU`` (not in place) or ``Tanh``; ``None`` otherwise.
-    """
-    kind = type(module)
-    if kind is nn.Linear:
-        return cast(nn.Linear, module).weight, cast(nn.Linear, module).bias
-    if kind is nn.ReLU and not cast(nn.ReLU, module).inplace:
-        return th.relu
-    if kind is nn.Tanh:
-        return th.tanh
-    return None
-
-
-def _lean_layers(module: nn.Module, x: th.Tensor) -> th.Tensor:
-    if _runs_own_hooks(module):
-        return module(x)
-    if type(module) is nn.Sequential:
-        for layer in module:
-            x = _lean_layers(layer, x)
-        return x
-    step = _layer_step(module)
-    if step is None:
-        return module(x)
-    return F.linear(x, *step) if type(step) is tuple else step(x)  # type: ignore[operator]
-
-
-def _plan_steps(module: nn.Module, modules: list[nn.Module]) -> list[Any] | None:
-    """
-    The steps (:func:`_layer_step`) of ``module``, a layer or an ``nn.Sequential`` of layers, in order,
-    appending each module to ``modules``; ``None`` if one of them is another module.
-    """
-    modules.append(module)
-    if type(module) is not nn.Sequential:
-        step = _layer_step(module)
-        return None if step is None else [step]
-    steps: list[Any] = []
-    for layer in module:
-        layer_steps = _plan_steps(layer, modules)
-        if layer_steps is None:
-            return None
-        steps += layer_steps
-    return steps
-
-
-class TensorSnapshot:
-    """
-    A CPU tensor's memory and contents at one moment, to tell whether a value computed from it still holds:
-    ``unchanged()`` while the tensor keeps that memory and those bytes (an in-place change through ``.data``
-    moves no version counter, so the bytes are compared; a small tensor, e.g. ``log_std``, costs a microsecond).
-    """
-
-    __slots__ = ("array", "contents", "pointer", "tensor")
-
-    def __init__(self, tensor: th.Tensor) -> None:
-        self.tensor, self.pointer = tensor, tensor.data_ptr()
-        self.array: np.ndarray = tensor.detach().numpy()  # shares the tensor's memory
-        self.contents = self.array.tobytes()
-
-    def unchanged(self) -> bool:
-        return self.tensor.data_ptr() == self.pointer and self.array.tobytes() == self.contents
-
-
-class _StepScale(NamedTuple):
-    """The state-independent Gaussian's scale at a rollout step's shape, and its log-probability terms."""
-
-    shape: th.Size
-    log_std: TensorSnapshot
-    """``log_std`` when they were computed"""
-    scale: th.Tensor
-    terms: tuple[th.Tensor, th.Tensor]
-
-
-class _ArrayHead(NamedTuple):
-    """What the fast mode's NumPy step of a Gaussian head needs at every step of a collection."""
-
-    log_std: TensorSnapshot
-    """``log_std`` when they were computed"""
-    scale: np.ndarray
-    constant: float
-
-
-class _Addmm(tuple):
-    """``(bias, weight.t())`` of an ``nn.Linear``: ``F.linear`` of a 2-D input is ``addmm(bias, input, weight.t())``."""
-
-
-def _addmm_step(step: Any) -> Any:
-    """A :func:`_layer_step` as the acting plan's torch step runs it: a Linear with a bias as :class:`_Addmm`, else as is."""
-    if type(step) is tuple and step[1] is not None:
-        return _Addmm((step[1], step[0].t()))
-    return step
-
-
-def _run_plan_steps(steps: tuple[Any, ...], x: th.Tensor) -> th.Tensor:
-    """The steps of :func:`_addmm_step` on a 2-D input: the operations of ``F.linear`` (less its ``t()``), the activations."""
-    for step in steps:
-        kind = type(step)
-        if kind is _Addmm:
-            x = th.addmm(step[0], x, step[1])
-        elif kind is tuple:
-            x = F.linear(x, *step)
-        else:
-            x = step(x)
-    return x
-
-
-class ActingPlan:
-    """
-    A policy's networks for the steps of one rollout collection (:meth:`CheckedForward.acting`): the
-    tensors and functions that SB3's ``FlattenExtractor``, ``MlpExtractor`` (``nn.Sequential`` of
-    ``nn.Linear`` and ``ReLU``/``Tanh``) and linear heads run, in their order. A step then runs them
-    without ``nn.Module.__call__`` and attribute lookups per layer: the same operations on the same tensors,
-    bit for bit (tested). Built only for a policy made of exactly those modules, on a ``Box`` (not an image
-    that SB3 scales), ``Discrete`` or ``MultiBinary`` observation space; used only while none of its modules
-    would run a hook (checked at each step).
-    """
-
-    def __init__(
-        self,
-        modules: tuple[nn.Module, ...],
-        pi: tuple[Any, ...],
-        vf: tuple[Any, ...],
-        action: tuple[th.Tensor, th.Tensor | None],
-        value: tuple[th.Tensor, th.Tensor | None],
-        one_hot: int | None = None,
-    ) -> None:
-        self.modules, self.pi, self.vf, self.action, self.value = modules, pi, vf, action, value
-        self.one_hot = one_hot
-        self._arrays: ArrayPlan | bool | None = False  # not built yet
-        #: the layers' tensors (weights and biases), and where their memory was when the plan's derived forms were built
-        self.tensors = [t for steps in (pi, vf, (action, value)) for step in steps if type(step) is tuple
-                         for t in step if t is not None]  # fmt: skip
-        self._pointers = [t.data_ptr() for t in self.tensors]
-        self._torch: tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]] | None = None
-        #: what the policy's head computes once per collection for the torch step (``PPOExtActorCriticPolicy._step_scale``)
-        self.head: _StepScale | None = None
-
-    def _built(self) -> tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]:
-        """The torch step's layers (:func:`_addmm_step`), built on the first step."""
-        if self._torch is None:
-            self._torch = (
-                tuple(_addmm_step(step) for step in self.pi),
-                tuple(_addmm_step(step) for step in self.vf),
-                (_addmm_step(self.action),),
-                (_addmm_step(self.value),),
-            )
-        return self._torch
-
-    def arrays(self) -> ArrayPlan | None:
-        """This plan in NumPy (:class:`ArrayPlan`, the fast mode's), built on the first call; ``None`` where it cannot run."""
-        if self._arrays is False:
-            self._arrays = ArrayPlan.of(self)
-        return cast("ArrayPlan | None", self._arrays)
-
-    @classmethod
-    def of(cls, policy: nn.Module) -> ActingPlan | None:
-        """The plan of ``policy``'s networks, or ``None`` where one of them is another module (steps then call the modules)."""
-        space = getattr(policy, "observation_space", None)
-        if isinstance(space, spaces.Discrete):
-            one_hot: int | None = int(space.n)
-        elif isinstance(space, spaces.MultiBinary) or (
-            isinstance(space, spaces.Box) and not (getattr(policy, "normalize_images", False) and is_image_space(space))
-        ):
-            one_hot = None
-        else:  # Dict, MultiDiscrete and image observations that SB3 scales
-            return None
-        names = ("features_extractor", "pi_features_extractor", "vf_features_extractor")
-        extractors = [getattr(policy, name, None) for name in names]
-        if any(type(extractor) is not FlattenExtractor for extractor in extractors):
-            return None
-        extractor = getattr(policy, "mlp_extractor", None)
-        if type(extractor) is not MlpExtractor:
-            return None
-        modules: list[nn.Module] = [policy, *cast(list[nn.Module], extractors), extractor]
-        modules += [cast(FlattenExtractor, e).flatten for e in extractors]
-        heads = cast(list[nn.Module], [policy.action_net, policy.value_net])
-        networks = [_plan_steps(network, modules) for network in (extractor.policy_net, extractor.value_net, *heads)]
-        if any(steps is None for steps in networks):
-            return None
-        pi, vf, action, value = (tuple(cast(list[Any], steps)) for steps in networks)
-        if len(action) != 1 or len(value) != 1 or type(action[0]) is not tuple or type(value[0]) is not tuple:
-            return None
-        unique = tuple({id(module): module for module in modules[1:]}.values())  # the policy's own hooks ran already
-        return cls(unique, pi, vf, action[0], value[0], one_hot)
-
-    def usable(self) -> bool:
-        """Whether calling the networks as modules would run no hook (and no ``torch.jit.trace`` runs)."""
-        if _runs_global_hooks():
-            return False
-        for module in self.modules:  # _runs_own_hooks, inlined: this runs at every step
-            if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks:
-                return False
-        # A tensor given new memory (``weight.data = ...``, not an in-place change): its transposed view and
-        # NumPy array are rebuilt.
-        if any(t.data_ptr() != pointer for t, pointer in zip(self.tensors, self._pointers, strict=True)):
-            self._pointers = [t.data_ptr() for t in self.tensors]
-            self._torch, self._arrays = None, False
-        return True
-
-    def step(self, obs: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
-        """``(latent_pi, values, action head output)`` of the observations, as the modules compute them."""
-        # preprocess_obs (a Discrete space's one-hot encoding, else float), then FlattenExtractor
-        if self.one_hot is not None:
-            features = F.one_hot(obs.long(), num_classes=self.one_hot).float().flatten(1, -1)
-        else:
-            features = obs.float().flatten(1, -1)
-        if th.is_grad_enabled():  # the transposed views carry no autograd history: F.linear on the layers' own tensors
-            pi, vf, action, value = self.pi, self.vf, (self.action,), (self.value,)
-        else:
-            pi, vf, action, value = self._built()
-        latent_pi = _run_plan_steps(pi, features)
-        return latent_pi, _run_plan_steps(value, _run_plan_steps(vf, features)), _run_plan_steps(action, latent_pi)
-
-
-def _array_step(step: Any) -> Any:
-    """A :func:`_layer_step` in NumPy: ``(weight.T, bias)`` as arrays sharing the parameters' memory, or the function."""
-    if type(step) is tuple:
-        weight, bias = step
-        return weight.detach().numpy().T, None if bias is None else bias.detach().numpy()
-    return _ARRAY_FUNCTIONS[step]
-
-
-def _relu(x: np.ndarray) -> np.ndarray:
-    return np.maximum(x, 0)
-
-
-_ARRAY_FUNCTIONS: dict[Any, Callable[[np.ndarray], np.ndarray]] = {th.relu: _relu, th.tanh: np.tanh}
-
-
-def _run_array_steps(steps: tuple[Any, ...], x: np.ndarray) -> np.ndarray:
-    for step in steps:
-        if type(step) is tuple:
-            x = x @ step[0]
-            if step[1] is not None:
-                x += step[1]
-        else:
-            x = step(x)
-    return x
-
-
-class ArrayPlan:
-    """
-    The fast mode's form of an :class:`ActingPlan`: the same layers run in NumPy on arrays that share the
-    parameters' memory (CPU, float32). A rollout step of SB3's small networks is a few dozen tiny operations,
-    where NumPy's cost per operation is a fraction of torch's; the results agree to float rounding, not bit for bit.
-    """
-
-    def __init__(self, plan: ActingPlan) -> None:
-        self.pi = tuple(_array_step(step) for step in plan.pi)
-        self.vf = tuple(_array_step(step) for step in plan.vf)
-        self.action, self.value = _array_step(plan.action), _array_step(plan.value)
-        #: what the policy's head needs at every step of this collection, computed once by the policy
-        self.head: _ArrayHead | None = None
-
-    @classmethod
-    def of(cls, plan: ActingPlan) -> ArrayPlan | None:
-        """``plan`` in NumPy, or ``None`` where it cannot run there (not a CPU float32 network, or one-hot observations)."""
-        if plan.one_hot is not None or any(t.device.type != "cpu" or t.dtype != th.float32 for t in plan.tensors):
-            return None
-        return cls(plan)
-
-    def step(self, obs: th.Tensor) -> tuple[np.ndarray, np.ndarray]:
-        """``(values, action head output)`` of the observations (a CPU tensor), as arrays."""
-        features = obs.numpy().reshape(len(obs), -1).astype(np.float32, copy=False)
-        values = _run_array_steps((*self.vf, self.value), features)
-        return values, _run_array_steps((*self.pi, self.action), features)
-
-
 class CheckedForward:
     """
-    Mixin of this package's policies: ``forward`` (what a rollout's ``policy(obs)`` runs) is upstream's,
-    with torch's distribution checks (two to three tensor checks and host syncs per call) replaced by one:
-    a non-finite log-probability of the sampled actions (NaN in the observations or the network) is a
-    ``ValueError``, as torch's check makes it upstream. The same values, bit for bit.
-
-    Where a policy knows its head (:meth:`_direct_forward`), ``forward`` computes the step without SB3's
-    and torch's distribution objects (:func:`sb3_ppo_ext.distributions.direct_gaussian`,
-    :func:`~sb3_ppo_ext.distributions.direct_categorical`): the same operations on the same tensors, so
-    the same actions, values, log-probabilities and random draws (``action_dist`` keeps the last
-    distribution built the usual way).
+    Mixin of the policies: upstream's ``forward`` with one check for torch's (a non-finite log-probability is a
+    ``ValueError``), stepping a :meth:`direct_head` without distribution objects (:func:`~sb3_ppo_ext.speed.direct_step`).
     """
 
+    _acting_plan: speed.ActingPlan | None = None
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        output = self._direct_forward(*args, **kwargs)
+        output = speed.direct_step(self, *args, **kwargs) if self.direct_head() is not None else None
         if output is None:
             output = super().forward(*args, **kwargs)  # type: ignore[misc]
-        # NaN and inf survive a sum (a few log-probabilities cannot overflow it): one tensor op and one host read,
-        # unless the step checked its own (the fast mode's, in NumPy).
+        # NaN and inf survive a sum: one tensor op and one host read, unless the step checked its own (in NumPy).
         log_prob = output[2]
         if log_prob is not self.__dict__.get("_finite_log_prob") and not math.isfinite(float(log_prob.detach().sum())):
             raise ValueError(
@@ -502,63 +119,47 @@ class CheckedForward:
         return output
 
     def direct_head(self) -> str | None:
-        """The head :meth:`_direct_forward` steps without distribution objects, ``None`` where it has no such path."""
+        """The head that :func:`sb3_ppo_ext.speed.direct_step` steps; ``None``: upstream's ``forward``."""
         return None
-
-    def _direct_forward(self, *args: Any, **kwargs: Any) -> tuple[th.Tensor, th.Tensor, th.Tensor] | None:
-        """
-        The rollout step without distribution objects, or ``None`` where this policy's head has no such path
-        (then ``forward`` is upstream's). Subclasses that know their head override it.
-        """
-        return None
-
-    _acting_plan: ActingPlan | None = None
 
     @contextlib.contextmanager
     def acting(self) -> Iterator[None]:
-        """
-        Marks one rollout collection: its ``forward`` calls run on an :class:`ActingPlan` of the networks,
-        built once here (the networks cannot change within a collection), and dropped on exit.
-        """
+        """Marks one rollout collection: its steps run on an :class:`~sb3_ppo_ext.speed.ActingPlan` of the networks."""
         previous = self._acting_plan
-        self._acting_plan = ActingPlan.of(cast(nn.Module, self)) if self.direct_head() is not None else None
+        self._acting_plan = speed.ActingPlan.of(cast(nn.Module, self)) if self.direct_head() is not None else None
         try:
             yield
         finally:
             self._acting_plan = previous
 
-    def _step_outputs(self, obs: PyTorchObs) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
-        """``(latent_pi, values, action head output)`` of a rollout step: through the acting plan where there is one."""
-        plan = self._acting_plan
-        if plan is not None and plan.usable():
-            return plan.step(cast(th.Tensor, obs))
-        latent_pi, latent_vf = self._latents(obs)
-        return latent_pi, lean_call(self.value_net, latent_vf), lean_call(self.action_net, latent_pi)  # type: ignore[attr-defined]
+    def _scores(
+        self, latent_pi: th.Tensor, latent_vf: th.Tensor, actions: th.Tensor, entropy_requires_grad: bool, masks: Any = None
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Distribution]:
+        """Values, log-probabilities, entropy and distribution of the latents, as upstream's ``evaluate_actions``."""
+        distribution = self._get_action_dist_from_latent(latent_pi)  # type: ignore[attr-defined]
+        if masks is not None:
+            distribution.apply_masking(masks)
+        values, log_prob = speed.lean_call(self.value_net, latent_vf), distribution.log_prob(actions)  # type: ignore[attr-defined]
+        with th.set_grad_enabled(entropy_requires_grad and th.is_grad_enabled()):
+            entropy = distribution.entropy()
+        return values, log_prob, entropy, distribution
 
     def _latents(self, obs: PyTorchObs) -> tuple[th.Tensor, th.Tensor]:
-        # Same steps as the start of upstream's ``forward`` and ``evaluate_actions``, which have no hook
-        # returning latents.
-        # SB3's MlpExtractor (not a subclass: its forward may differ) is called layer by layer (lean_call).
+        """The actor's and the critic's latents, as upstream's ``forward`` computes them (SB3's MlpExtractor: lean layers)."""
         features = self.extract_features(obs)  # type: ignore[attr-defined]
         extractor = self.mlp_extractor  # type: ignore[attr-defined]
         shared = self.share_features_extractor  # type: ignore[attr-defined]
-        if type(extractor) is MlpExtractor and not runs_hooks(extractor):
+        if type(extractor) is MlpExtractor and not speed.runs_hooks(extractor):
             pi_features, vf_features = (features, features) if shared else features
-            return lean_call(extractor.policy_net, pi_features), lean_call(extractor.value_net, vf_features)
+            return speed.lean_call(extractor.policy_net, pi_features), speed.lean_call(extractor.value_net, vf_features)
         if shared:
             return extractor(features)
         pi_features, vf_features = features
         return extractor.forward_actor(pi_features), extractor.forward_critic(vf_features)
 
-    def _acted(self, actions: th.Tensor, values: th.Tensor, log_prob: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
-        return actions.reshape((-1, *self.action_space.shape)), values, log_prob  # type: ignore[attr-defined]
-
 
 class NetworkLearningRates:
-    """
-    Mixin of this package's actor-critic policies: the ``learning_rates`` setting, i.e. the actor's and the
-    critic's own learning rates through two optimizer parameter groups (``"network": "pi"`` / ``"vf"``).
-    """
+    """Mixin of the policies: ``learning_rates``, the actor's and the critic's own optimizer groups (``"network"``)."""
 
     learning_rates: dict[str, Any] | None = None
     learning_rate_schedules: dict[str, Schedule] | None = None
@@ -573,15 +174,9 @@ class NetworkLearningRates:
         if self.learning_rates is None:
             return
         # After every parent's __init__ (sb3-contrib's LSTM policy builds its optimizer last).
-        self.learning_rate_schedules = {
-            network: learning_rate_schedule(f"policy_kwargs.learning_rates.{network}", self.learning_rates[network])
-            for network in NETWORKS
-        }
+        schedules = self._set_schedules("policy_kwargs.learning_rates", self.learning_rates)
         parameters = network_parameters(self)  # type: ignore[arg-type]
-        groups = [
-            {"params": parameters[network], "lr": self.learning_rate_schedules[network](1), "network": network}
-            for network in NETWORKS
-        ]
+        groups = [{"params": parameters[network], "lr": schedules[network](1), "network": network} for network in NETWORKS]
         self.optimizer = self.optimizer_class(groups, **self.optimizer_kwargs)
 
     fast: bool = False
@@ -594,12 +189,10 @@ class NetworkLearningRates:
 
     def set_learning_rates(self, progress_remaining: float) -> dict[str, float]:
         """
-        Set the actor's and the critic's parameter groups from their own schedules of ``learning_rates``
-        (other groups, added by the user, are left as they are).
+        Set the actor's and the critic's groups from their schedules (groups the user added are left as they are).
 
-        :param progress_remaining: training progress remaining (1 to 0), as SB3 computes it
+        :param progress_remaining: training progress remaining (1 to 0)
         :return: ``{"pi": rate, "vf": rate}`` as set
-        :raises ValueError: without ``learning_rates``
         """
         if self.learning_rate_schedules is None:
             raise InvalidSettingError(f"{type(self).__name__} has no learning_rates: its optimizer has one group")
@@ -611,8 +204,7 @@ class NetworkLearningRates:
 
     def replace_learning_rates(self, learning_rates: Mapping[str, Any]) -> None:
         """
-        Replace the ``learning_rates`` (e.g. by constants, as :class:`~sb3_ppo_ext.callbacks.KLAdaptiveLR` does)
-        and set the groups at their value at progress 1; the optimizer's state is kept.
+        Replace the ``learning_rates`` and set the groups at progress 1, keeping the optimizer's state.
 
         :param learning_rates: ``{"pi": rate, "vf": rate}``, as the setting takes them
         """
@@ -620,77 +212,42 @@ class NetworkLearningRates:
             raise InvalidSettingError(f"{type(self).__name__} has no learning_rates: its optimizer has one group")
         check_network_learning_rates("learning_rates", learning_rates)
         self.learning_rates = dict(learning_rates)
-        self.learning_rate_schedules = {
-            network: learning_rate_schedule(f"learning_rates.{network}", learning_rates[network]) for network in NETWORKS
-        }
+        self._set_schedules("learning_rates", self.learning_rates)
         self.set_learning_rates(1.0)
+
+    def _set_schedules(self, setting: str, learning_rates: Mapping[str, Any]) -> dict[str, Schedule]:
+        schedules = {network: learning_rate_schedule(f"{setting}.{network}", learning_rates[network]) for network in NETWORKS}
+        self.learning_rate_schedules = schedules
+        return schedules
 
 
 class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticPolicy):
     """
-    SB3's ``ActorCriticPolicy`` with an exact tanh-squashed Gaussian head for ``Box`` actions.
-
-    With squashing on (the default for ``Box`` action spaces), the policy's "action" is the
-    pre-squash Gaussian sample ``u``: ``forward`` returns it, the rollout buffer stores it and
-    ``evaluate_actions`` scores it, so the log-probability in the PPO ratio is the one computed at
-    sampling time, even for saturated actions. The environment receives
-    ``low + (tanh(u) + 1) / 2 * (high - low)`` through :meth:`unscale_action`, which SB3 applies
-    in ``collect_rollouts`` and ``predict`` whenever ``squash_output`` is true: actions are never
-    out of bounds and never clipped. Deterministic ``predict`` returns the squashed, rescaled mean.
-
-    All other arguments are those of SB3's ``ActorCriticPolicy`` (``net_arch``, ``activation_fn``,
-    ``ortho_init``, ``use_sde``, ``log_std_init``, ``full_std``, ``use_expln``,
-    ``features_extractor_class``, ...). gSDE (``use_sde=True``) combines with squashing: the gSDE
-    Gaussian is the pre-squash distribution.
-
-    Handed to stock ``stable_baselines3.PPO``, the policy behaves the same way: SB3 stores the
-    pre-squash sample, rescales it for the env and scores it exactly, so stock PPO gets exact
-    ratios too. Stock PPO then uses its own objective and logging: no KL penalty, value-clip
-    mode or extra diagnostics; with the ``"sample"`` estimator its entropy term is
-    ``-mean(log_prob)``; ``train/std`` is logged only for a state-independent std.
+    SB3's ``ActorCriticPolicy`` with an exact tanh-squashed Gaussian head for ``Box`` actions, on by default: the
+    policy's action is the pre-squash sample ``u`` (returned by ``forward``, stored and scored, so the ratio's
+    log-probability is the one computed at sampling, even for saturated actions), and the env receives
+    ``low + (tanh(u) + 1) / 2 * (high - low)`` through :meth:`unscale_action`, which SB3 applies whenever
+    ``squash_output`` is true. Handed to stock PPO it behaves the same way (with stock PPO's objective and logging).
+    The other arguments are ``ActorCriticPolicy``'s; gSDE combines with squashing (the pre-squash distribution).
 
     :param observation_space: Observation space
     :param action_space: Action space
     :param lr_schedule: Learning rate schedule (could be constant)
-    :param squash_output: tanh-squash the Gaussian head. ``None`` (default): on for ``Box``
-        action spaces, off otherwise. ``False`` restores stock PPO's Gaussian-plus-clip.
-        ``True`` with a non-``Box`` action space is a ``ValueError``.
-    :param state_dependent_std: predict the log-std from the actor's latent features with a
-        linear head instead of a state-independent parameter (``Box`` only, not with gSDE)
-    :param log_std_bounds: ``(min, max)`` of the state-dependent log-std, default ``(-5, 2)``;
-        the head's output is mapped smoothly into the range with ``tanh``. Only valid with
-        ``state_dependent_std=True``.
-    :param entropy_estimator: entropy of the squashed head, which has no closed form:
-        ``"mc"`` (default: Gaussian closed form plus a one-sample reparametrised Monte Carlo
-        estimate of ``E[log(1 - tanh(u)^2)]``: unbiased, differentiable, and the entropy of the
-        action the env actually receives), ``"gaussian"`` (closed form of the pre-squash
-        Gaussian: cheapest, but it grows without bound with the std, so an entropy bonus on it
-        rewards pushing actions into saturation) or ``"sample"`` (SB3's estimate
-        ``-mean(log_prob)`` of the stored actions, biased once the policy has moved). Only valid
-        with squashing.
-    :param action_dist: the distribution of the ``Box`` action head: ``"gaussian"`` (default; squashed
-        or clipped by ``squash_output``) or ``"beta"``: Beta(alpha, beta) per dimension with
-        ``alpha, beta = 1 + softplus(.)`` of a linear head on the actor's latent, rescaled to
-        ``[low, high]`` (see :class:`sb3_ppo_ext.distributions.BetaDistribution`). The Beta head
-        stores the logit of its sample and is mapped into the bounds by :meth:`unscale_action`, so
-        ``squash_output`` is true for it (``None`` or ``True``; ``False`` is an error), and it
-        excludes ``use_sde``, ``state_dependent_std``, ``log_std_bounds``, ``entropy_estimator`` and
-        a ``log_std_init`` other than 0 (Gaussian settings). Deterministic ``predict`` returns the mode.
-    :param learning_rates: ``{"pi": rate, "vf": rate}``: the actor's and the critic's own learning
-        rate, each a number, a schedule of the progress remaining, or ``"lin_<x>"`` (linear from
-        ``x`` to 0), through two optimizer parameter groups (see :func:`network_parameters` for which
-        parameters are whose). They replace the algorithm's ``learning_rate`` for the optimizer;
-        PPOExt, MaskablePPOExt and RecurrentPPOExt set each group from its schedule at every update.
-        ``None`` (default): one group at the algorithm's ``learning_rate``, as upstream. Needs separate
-        networks: a features extractor with parameters shared by actor and critic is an error.
-    :param fast: the fast mode: SB3's default Adam runs fused (one kernel per step) instead of the
-        bit-identical multi-tensor Adam, and a state-independent Gaussian head (squashed or not) takes its rollout
-        steps in NumPy on a CPU (:class:`ArrayPlan`: SB3's standard networks, the same random draws, the
-        log-probability from the draw; the default step's values to float rounding). The same updates to float
-        rounding, not bit for bit, and the same learning curves (10 seeds on Pendulum-v1, LunarLanderContinuous-v3
-        and Hopper-v5, the benchmark report's suite ``fast``). ``torch.compile`` is not part of it
-        (``scripts/compile_probe.py``: it does not pay for itself within a typical run on a CPU).
-        ``False`` (default): with the extensions off, training is upstream's bit for bit.
+    :param squash_output: tanh-squash the Gaussian head; ``None`` (default): for ``Box`` action spaces;
+        ``False``: stock PPO's Gaussian plus clipping
+    :param state_dependent_std: the log-std from a linear head on the actor's latent (``Box`` only, not with gSDE)
+    :param log_std_bounds: ``(min, max)`` of the state-dependent log-std (``tanh``-mapped), default ``(-5, 2)``
+    :param entropy_estimator: the squashed head's entropy: ``"mc"`` (default: the Gaussian's plus a one-sample
+        reparametrised estimate of ``E[log(1 - tanh(u)^2)]``), ``"gaussian"`` (the pre-squash Gaussian's, which
+        grows without bound with the std) or ``"sample"`` (SB3's ``-mean(log_prob)``)
+    :param action_dist: ``"gaussian"`` (default) or ``"beta"``: Beta(1 + softplus(.), 1 + softplus(.)) per dimension
+        rescaled to ``[low, high]`` (:class:`~sb3_ppo_ext.distributions.BetaDistribution`), which stores the logit of
+        its sample and excludes the Gaussian settings
+    :param learning_rates: ``{"pi": rate, "vf": rate}``: the actor's and the critic's own learning rates (a number,
+        a schedule or ``"lin_<x>"``) through two optimizer groups (:func:`network_parameters`); ``None``: one group
+    :param fast: the fast mode: fused Adam and a state-independent Gaussian head's rollout steps in NumPy on a CPU
+        (:class:`~sb3_ppo_ext.speed.ArrayPlan`): the same updates to float rounding, not bit for bit. ``False``
+        (default): with the extensions off, training is upstream's bit for bit
     :param args: positional arguments of ``ActorCriticPolicy`` after ``lr_schedule``
     :param kwargs: keyword arguments of ``ActorCriticPolicy``
     """
@@ -728,14 +285,13 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         self.entropy_estimator = entropy_estimator
         self.action_dist_name = action_dist
         # SB3 asserts that squash_output needs gSDE: build unsquashed, then switch squashing on.
-        kwargs = with_foreach_adam(kwargs, fused=fast)
+        kwargs = speed.with_foreach_adam(kwargs, fused=fast)
         self.fast = fast
         super().__init__(observation_space, action_space, lr_schedule, *args, squash_output=False, **kwargs)  # type: ignore[misc]
         self._squash_output = bool(squash_output)
         if self.squash_output != self._squash_output:
-            # SB3's rollout collection and predict rescale instead of clipping when the public ``squash_output``
-            # is true; it reads the private ``_squash_output`` set above. A release that renames it would
-            # send the env clipped pre-squash samples: refused here instead.
+            # SB3 rescales instead of clipping when squash_output, read from _squash_output, is true: a release that
+            # renames it would send the env clipped pre-squash samples.
             import stable_baselines3
 
             raise RuntimeError(
@@ -747,9 +303,7 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         if self._squash_output:
             assert isinstance(action_space, spaces.Box)
             half_range = (action_space.high.astype(np.float64) - action_space.low.astype(np.float64)) / 2.0
-            # A zero-width dimension (low == high, a fixed actuator) always receives ``low``: its
-            # log(half_range) = -inf is a constant that cancels in ratios and KLs, so it is left out
-            # to keep log-probabilities finite.
+            # A zero-width dimension always receives low: its constant log(0) cancels in ratios and KLs, left out.
             self._log_half_range_sum = float(np.log(half_range[half_range > 0]).sum())
             if is_beta:
                 assert isinstance(self.action_dist, BetaDistribution)
@@ -802,14 +356,14 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
     def _bounded_log_std(self, latent_pi: th.Tensor) -> th.Tensor:
         assert self.log_std_bounds is not None
         low, high = self.log_std_bounds
-        return low + 0.5 * (high - low) * (th.tanh(lean_call(self.log_std_net, latent_pi)) + 1.0)
+        return low + 0.5 * (high - low) * (th.tanh(speed.lean_call(self.log_std_net, latent_pi)) + 1.0)
 
     def _get_action_dist_from_latent(self, latent_pi: th.Tensor) -> Distribution:
         if isinstance(self.action_dist, BetaDistribution):
-            return self.action_dist.proba_distribution(lean_call(self.action_net, latent_pi))
+            return self.action_dist.proba_distribution(speed.lean_call(self.action_net, latent_pi))
         if self.state_dependent_std:
             distribution = self.action_dist.proba_distribution(
-                lean_call(self.action_net, latent_pi), self._bounded_log_std(latent_pi)
+                speed.lean_call(self.action_net, latent_pi), self._bounded_log_std(latent_pi)
             )
         else:
             distribution = super()._get_action_dist_from_latent(latent_pi)
@@ -824,11 +378,11 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
 
     def direct_head(self) -> str | None:
         """
-        ``"gaussian"``, ``"sde"`` or ``"categorical"``: the head :meth:`_direct_forward` steps without distribution
-        objects; ``None`` for the others (Beta, MultiDiscrete, MultiBinary, gSDE with its own squashing or with
-        ``state_dependent_std``, a subclass's own ``_get_action_dist_from_latent``).
+        ``"gaussian"`` (also with ``state_dependent_std``), ``"sde"`` or ``"categorical"``: the head stepped and scored
+        without distribution objects; ``None`` for the others (Beta, MultiDiscrete, MultiBinary, gSDE with its own
+        squashing or with ``state_dependent_std``, a subclass's own ``_get_action_dist_from_latent``).
         """
-        if type(self)._get_action_dist_from_latent is not PPOExtActorCriticPolicy._get_action_dist_from_latent:
+        if type(self)._get_action_dist_from_latent is not _OWN_HEADS[0]:  # a subclass's or a patch's own distribution
             return None
         dist = self.action_dist
         if type(dist) is DiagGaussianDistribution:
@@ -837,192 +391,40 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
             return "sde"
         return "categorical" if type(dist) is CategoricalDistribution else None
 
-    def _direct_forward(self, obs: PyTorchObs, deterministic: bool = False) -> tuple[th.Tensor, th.Tensor, th.Tensor] | None:
-        """
-        Upstream's ``forward`` without distribution objects for the Gaussian heads (squashed or not, gSDE
-        or not) and the categorical head, where ``_get_action_dist_from_latent`` is this class's; ``None``
-        (upstream's ``forward``) for the Beta, MultiDiscrete and MultiBinary heads.
-        """
-        kind = self.direct_head()
-        if kind is None:
-            return None
-        if self.fast and kind == "gaussian" and not self.state_dependent_std:
-            output = self._array_forward(obs, deterministic)
-            if output is not None:
-                return output
-        dist = self.action_dist  # the squashed head wraps it per call (_get_action_dist_from_latent)
-        latent_pi, values, head = self._step_outputs(obs)
-        if kind == "categorical":
-            actions, log_prob = direct_categorical(head, deterministic)
-            return self._acted(actions, values, log_prob)
-        noise = scale_terms = None
-        if kind == "gaussian" and not self.state_dependent_std:
-            scale, scale_terms = self._step_scale(head)
-        elif kind == "gaussian":  # DiagGaussianDistribution.proba_distribution
-            scale = self._bounded_log_std(latent_pi).exp().expand_as(head)
-        else:  # StateDependentNoiseDistribution.proba_distribution and sample
-            latent_sde, scale = self._sde_scale(latent_pi)
-            noise = None if deterministic else dist.get_noise(latent_sde)  # type: ignore[attr-defined]
-        log_half_range_sum = self._log_half_range_sum if self.squash_output else None
-        actions, log_prob = direct_gaussian(head, scale, deterministic, log_half_range_sum, noise, scale_terms)
-        return self._acted(actions, values, log_prob)
-
-    def _sde_scale(self, latent_pi: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
-        """
-        gSDE's ``latent_sde`` and the Gaussian's scale, as SB3's ``StateDependentNoiseDistribution.proba_distribution``
-        computes them (``sqrt(latent_sde**2 @ std**2 + epsilon)``).
-        """
-        dist = cast(StateDependentNoiseDistribution, self.action_dist)
-        latent_sde = latent_pi if dist.learn_features else latent_pi.detach()
-        return latent_sde, th.sqrt(th.mm(latent_sde**2, dist.get_std(self.log_std) ** 2) + dist.epsilon)
-
-    def _step_scale(self, head: th.Tensor) -> tuple[th.Tensor, tuple[th.Tensor, th.Tensor] | None]:
-        """
-        The state-independent Gaussian's scale for a rollout step (SB3: ``ones_like(head) * exp(log_std)``,
-        the same values, as ``x * 1 == x``) and, within a collection's acting plan on a CPU with autograd off,
-        its :func:`~sb3_ppo_ext.distributions.gaussian_scale_terms`: computed once and reused while ``log_std``
-        keeps its memory and its values (compared byte for byte at each step), so the same values as computing them.
-        """
-        plan, log_std = self._acting_plan, self.log_std
-        if plan is None or th.is_grad_enabled() or log_std.device.type != "cpu":
-            return log_std.exp().expand_as(head), None
-        cached = plan.head
-        if cached is None or cached.shape != head.shape or not cached.log_std.unchanged():
-            scale = log_std.exp().expand_as(head)
-            cached = plan.head = _StepScale(head.shape, TensorSnapshot(log_std), scale, gaussian_scale_terms(scale))
-        return cached.scale, cached.terms
-
-    def _array_forward(self, obs: PyTorchObs, deterministic: bool) -> tuple[th.Tensor, th.Tensor, th.Tensor] | None:
-        """
-        The fast mode's rollout step of the diagonal Gaussian head (squashed or not): the networks in NumPy
-        (:class:`ArrayPlan`), the same random draw as the default step, the log-probability from the draw
-        (:func:`~sb3_ppo_ext.distributions.gaussian_step_from_noise`). ``None`` (the default step) outside a
-        collection's acting plan, where the plan cannot run in NumPy, with autograd on, or where a hook would run.
-        """
-        plan = self._acting_plan
-        if plan is None or th.is_grad_enabled() or not plan.usable():
-            return None
-        arrays = plan.arrays()
-        if arrays is None:
-            return None
-        head = arrays.head
-        if head is None or not head.log_std.unchanged():  # once per collection, unless log_std changes
-            snapshot = TensorSnapshot(self.log_std)
-            log_half_range_sum = self._log_half_range_sum if self.squash_output else None
-            constant = gaussian_log_prob_constant(snapshot.array, log_half_range_sum)
-            head = arrays.head = _ArrayHead(snapshot, np.exp(snapshot.array), constant)
-        values, mean = arrays.step(cast(th.Tensor, obs))
-        # torch's draw, as the default step's: th.randn is empty(...).normal_()
-        noise = None if deterministic else th.randn(mean.shape).numpy()
-        actions, log_prob = gaussian_step_from_noise(mean, head.scale, noise, head.constant, self.squash_output)
-        log_prob_tensor = th.from_numpy(log_prob)
-        if math.isfinite(log_prob.sum()):  # else forward's check raises
-            self.__dict__["_finite_log_prob"] = log_prob_tensor
-        shape = (-1, *cast(spaces.Box, self.action_space).shape)
-        return th.from_numpy(actions.reshape(shape)), th.from_numpy(values), log_prob_tensor
-
     def evaluate_actions_and_distribution(
-        self, obs: PyTorchObs, actions: th.Tensor, entropy_requires_grad: bool = True
-    ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Distribution]:
+        self, obs: PyTorchObs, actions: th.Tensor, entropy_requires_grad: bool = True, need_distribution: bool = True
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Distribution | None]:
         """
-        ``evaluate_actions`` that also returns the action distribution, so that PPOExt can
-        compute the analytic KL penalty without a second forward pass.
+        ``evaluate_actions`` that also returns the action distribution (for the KL penalty, without a second pass).
 
         :param obs: Observation
         :param actions: Actions as stored in the rollout buffer (pre-squash for the squashed head)
-        :param entropy_requires_grad: ``False`` computes the entropy outside the autograd graph
-            (same value, same random draws for the ``"mc"`` estimator): for a caller that only logs
-            it, e.g. PPOExt with ``ent_coef == 0``
-        :return: estimated value, log likelihood of the actions, entropy (``None`` when it is
-            to be estimated from samples) and the action distribution
+        :param entropy_requires_grad: ``False`` computes the entropy outside the autograd graph (same value, same
+            random draws): for a caller that only logs it, e.g. PPOExt with ``ent_coef == 0``
+        :param need_distribution: ``False``: the Gaussian heads are scored without distribution objects
+            (:func:`sb3_ppo_ext.speed.direct_scores`, the same values and draws) and return ``None`` for it
+        :return: estimated value, log likelihood of the actions, entropy (``None`` when it is estimated from
+            samples) and the action distribution
         """
-        latent_pi, latent_vf = self._latents(obs)
-        distribution = self._get_action_dist_from_latent(latent_pi)
-        values, log_prob = lean_call(self.value_net, latent_vf), distribution.log_prob(actions)
-        if entropy_requires_grad:
-            entropy = distribution.entropy()
-        else:
-            with th.no_grad():
-                entropy = distribution.entropy()
-        return values, log_prob, entropy, distribution
+        if not need_distribution:
+            scores = speed.direct_scores(self, obs, actions, entropy_requires_grad)  # type: ignore[arg-type]
+            if scores is not None:
+                return (*scores, None)
+        return self._scores(*self._latents(obs), actions, entropy_requires_grad)
 
     def evaluate_actions(self, obs: PyTorchObs, actions: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:
-        values, log_prob, entropy, _ = self.evaluate_actions_and_distribution(obs, actions)
+        values, log_prob, entropy, _ = self.evaluate_actions_and_distribution(obs, actions, need_distribution=False)
         return values, log_prob, entropy
-
-    def evaluate_actions_directly(
-        self, obs: PyTorchObs, actions: th.Tensor, entropy_requires_grad: bool = True
-    ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None] | None:
-        """
-        :meth:`evaluate_actions_and_distribution` without the distribution, for a minibatch whose
-        distribution is not needed (no KL penalty): the diagonal Gaussian head, squashed or not, gSDE or not,
-        computed with the operations of SB3's ``DiagGaussianDistribution`` (``StateDependentNoiseDistribution``)
-        and torch's ``Normal`` (and of :class:`~sb3_ppo_ext.distributions.TanhSquashedDistribution`), without
-        building those objects:
-        the same values, gradients and random draws, bit for bit (tested). ``None`` for the other heads,
-        and where a subclass scores actions its own way: the caller then evaluates with the distribution.
-
-        :param obs: Observation
-        :param actions: Actions as stored in the rollout buffer (pre-squash for the squashed head)
-        :param entropy_requires_grad: ``False`` computes the entropy outside the autograd graph
-        :return: estimated value, log likelihood of the actions and entropy (``None``: estimated from samples)
-        """
-        cls = type(self)
-        own_dist, own_evaluate = _OWN_SCORING
-        kind = self.direct_head()
-        if (
-            kind not in ("gaussian", "sde")
-            or self.state_dependent_std
-            or cls._get_action_dist_from_latent is not own_dist
-            or cls.evaluate_actions_and_distribution is not own_evaluate
-        ):
-            return None
-        latent_pi, latent_vf = self._latents(obs)
-        mean = lean_call(self.action_net, latent_pi)
-        if kind == "gaussian":  # DiagGaussianDistribution.proba_distribution
-            scale = th.ones_like(mean) * self.log_std.exp()
-        else:
-            scale = self._sde_scale(latent_pi)[1]
-        values = lean_call(self.value_net, latent_vf)
-        if self.squash_output:
-            log_prob = squashed_log_prob(actions, mean, scale, self._log_half_range_sum)
-        else:
-            log_prob = gaussian_log_prob(actions, mean, scale)
-        with th.set_grad_enabled(entropy_requires_grad and th.is_grad_enabled()):
-            if self.squash_output and self.entropy_estimator == "sample":
-                return values, log_prob, None
-            entropy = gaussian_entropy(scale)
-            if self.squash_output and self.entropy_estimator == "mc":  # TanhSquashedDistribution.entropy
-                u = mean + th.empty(mean.shape, dtype=mean.dtype, device=mean.device).normal_() * scale  # Normal.rsample
-                entropy = entropy + (log_tanh_jacobian_sum(u) + self._log_half_range_sum)
-        return values, log_prob, entropy
-
-    @property
-    def squash_scale(self) -> float:
-        """
-        ``c`` such that the stored action ``u`` reaches the env as ``low + (tanh(c u) + 1) / 2 * (high - low)``:
-        1 for the squashed Gaussian, 1/2 for the Beta head (``sigmoid(u) = (tanh(u / 2) + 1) / 2``).
-        """
-        return 0.5 if self.action_dist_name == "beta" else 1.0
 
     def unit_actions(self, stored: np.ndarray) -> np.ndarray:
-        """
-        Stored actions as the env's actions scaled to ``[-1, 1]``: ``tanh(c u)`` for the squashed
-        and Beta heads (``c``: :attr:`squash_scale`), the stored action itself otherwise.
-
-        :param stored: actions as the rollout buffer holds them
-        :return: actions in ``[-1, 1]`` units
-        """
-        return np.tanh(self.squash_scale * stored) if self.squash_output else stored
+        """Stored actions as the env's actions in ``[-1, 1]`` units."""
+        scale = 0.5 if self.action_dist_name == "beta" else 1.0  # sigmoid(u) = (tanh(u / 2) + 1) / 2
+        return np.tanh(scale * stored) if self.squash_output else stored
 
     def unscale_action(self, scaled_action: np.ndarray) -> np.ndarray:
         """
-        With squashing: map the pre-squash action ``u`` to the env's ``[low, high]`` with
-        ``low + (tanh(u) + 1) / 2 * (high - low)``; with the Beta head, the logit ``u`` of the Beta
-        sample with ``low + sigmoid(u) * (high - low)``. Without: SB3's affine map from ``[-1, 1]``.
-
-        :param scaled_action: pre-squash action (squashed head), logit (Beta head) or action in ``[-1, 1]``
-        :return: action in the env's bounds
+        The env's action of a stored one: ``low + (tanh(u) + 1) / 2 * (high - low)`` of the pre-squash ``u``, or
+        ``low + sigmoid(u) * (high - low)`` of the Beta head's logit; without squashing, SB3's affine map.
         """
         if not self.squash_output:
             return super().unscale_action(scaled_action)
@@ -1038,51 +440,27 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         return rescale_tanh64(scaled_action, *cache[1:])
 
     def scale_action(self, action: np.ndarray) -> np.ndarray:
-        """
-        Inverse of :meth:`unscale_action`. With squashing this is ``atanh`` of the action scaled
-        to ``[-1, 1]``, clamped to ``|u| <= 9`` (float32 ``tanh`` saturates there), divided by
-        :attr:`squash_scale` (``2 atanh``, the logit, for the Beta head): PPOExt never needs it,
-        because it stores the pre-squash sample (or the logit) instead of inverting actions.
-
-        :param action: action in the env's bounds
-        :return: pre-squash action (squashed head), logit (Beta head) or action in ``[-1, 1]``
-        """
+        """Inverse of :meth:`unscale_action`, clamped to ``|u| <= 9`` (float32 ``tanh`` saturates there)."""
         scaled = super().scale_action(action)
         if not self.squash_output:
             return scaled
         bound = np.tanh(9.0)
-        return np.arctanh(np.clip(scaled, -bound, bound)) / self.squash_scale
+        return np.arctanh(np.clip(scaled, -bound, bound)) * (2.0 if self.action_dist_name == "beta" else 1.0)
 
 
-# PPOExtActorCriticPolicy's scoring methods as defined above: evaluate_actions_directly applies only while both
-# are in place (not overridden by a subclass, nor replaced on the class).
-_OWN_SCORING = (
-    PPOExtActorCriticPolicy._get_action_dist_from_latent,
-    PPOExtActorCriticPolicy.evaluate_actions_and_distribution,
-)
+# The heads' distributions as defined here and upstream: a head is stepped and scored directly only while its own.
+_OWN_HEADS = (PPOExtActorCriticPolicy._get_action_dist_from_latent, MaskableActorCriticPolicy._get_action_dist_from_latent)
 
 
 class PPOExtActorCriticCnnPolicy(PPOExtActorCriticPolicy):
-    """
-    :class:`PPOExtActorCriticPolicy` with SB3's ``NatureCNN`` features extractor by default.
-
-    :param args: arguments of :class:`PPOExtActorCriticPolicy`
-    :param features_extractor_class: Features extractor to use
-    :param kwargs: keyword arguments of :class:`PPOExtActorCriticPolicy`
-    """
+    """:class:`PPOExtActorCriticPolicy` with SB3's ``NatureCNN`` features extractor by default."""
 
     def __init__(self, *args: Any, features_extractor_class: type = NatureCNN, **kwargs: Any):
         super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
 
 
 class PPOExtMultiInputActorCriticPolicy(PPOExtActorCriticPolicy):
-    """
-    :class:`PPOExtActorCriticPolicy` for ``Dict`` observation spaces (SB3's ``CombinedExtractor``).
-
-    :param args: arguments of :class:`PPOExtActorCriticPolicy`
-    :param features_extractor_class: Features extractor to use
-    :param kwargs: keyword arguments of :class:`PPOExtActorCriticPolicy`
-    """
+    """:class:`PPOExtActorCriticPolicy` for ``Dict`` observation spaces (SB3's ``CombinedExtractor``)."""
 
     def __init__(self, *args: Any, features_extractor_class: type = CombinedExtractor, **kwargs: Any):
         super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
@@ -1098,16 +476,13 @@ MultiInputPolicy = PPOExtMultiInputActorCriticPolicy
 
 class MaskablePPOExtPolicy(CheckedForward, NetworkLearningRates, MaskableActorCriticPolicy):
     """
-    sb3-contrib's ``MaskableActorCriticPolicy`` whose ``evaluate_actions`` can also return the
-    masked action distribution, so that the KL penalty needs no second forward pass. The network,
-    its initialisation and its outputs are upstream's.
+    sb3-contrib's ``MaskableActorCriticPolicy`` whose ``evaluate_actions`` can also return the masked distribution
+    (for the KL penalty, without a second pass); the network and its outputs are upstream's.
 
     :param args: arguments of ``MaskableActorCriticPolicy``
-    :param squash_output: accepted for symmetry with PPOExt's policies: masked action spaces are
-        discrete, so only ``None`` or ``False`` is valid
-    :param learning_rates: the actor's and the critic's own learning rates, as in
-        :class:`sb3_ppo_ext.policies.PPOExtActorCriticPolicy` (``None``: upstream's one group)
-    :param fast: the fast mode (fused Adam), as in :class:`sb3_ppo_ext.policies.PPOExtActorCriticPolicy`
+    :param squash_output: ``None`` or ``False`` (masked action spaces are discrete)
+    :param learning_rates: as in :class:`PPOExtActorCriticPolicy`
+    :param fast: the fast mode (fused Adam), as in :class:`PPOExtActorCriticPolicy`
     :param kwargs: keyword arguments of ``MaskableActorCriticPolicy``
     """
 
@@ -1126,31 +501,17 @@ class MaskablePPOExtPolicy(CheckedForward, NetworkLearningRates, MaskableActorCr
                 f"squash_output={squash_output!r} is invalid for MaskablePPOExt: its action spaces (Discrete, "
                 "MultiDiscrete, MultiBinary) are discrete and have no squashed head; expected None or False"
             )
-        super().__init__(*args, **with_foreach_adam(kwargs, fused=self.fast))
+        super().__init__(*args, **speed.with_foreach_adam(kwargs, fused=self.fast))
         self._init_network_learning_rates(learning_rates)
 
     def direct_head(self) -> str | None:
-        """``"masked"``: the masked categorical head (``Discrete`` actions, no distribution objects per step), or ``None``."""
+        """``"masked"``: the masked categorical head (``Discrete`` actions), stepped directly; else ``None``."""
         if (
             type(self.action_dist) is not MaskableCategoricalDistribution
-            or type(self)._get_action_dist_from_latent is not MaskableActorCriticPolicy._get_action_dist_from_latent
+            or type(self)._get_action_dist_from_latent is not _OWN_HEADS[1]
         ):
             return None
         return "masked"
-
-    def _direct_forward(
-        self, obs: PyTorchObs, deterministic: bool = False, action_masks: np.ndarray | None = None
-    ) -> tuple[th.Tensor, th.Tensor, th.Tensor] | None:
-        """
-        Upstream's ``forward`` without distribution objects for the masked categorical head (``Discrete``
-        actions), where ``_get_action_dist_from_latent`` is upstream's; ``None`` (upstream's ``forward``)
-        for ``MultiDiscrete`` and ``MultiBinary``.
-        """
-        if self.direct_head() is None:
-            return None
-        _, values, head = self._step_outputs(obs)
-        actions, log_prob = direct_categorical(head, deterministic, action_masks, masked=True)
-        return self._acted(actions, values, log_prob)
 
     def evaluate_actions_and_distribution(
         self,
@@ -1159,27 +520,8 @@ class MaskablePPOExtPolicy(CheckedForward, NetworkLearningRates, MaskableActorCr
         action_masks: th.Tensor | None = None,
         entropy_requires_grad: bool = True,
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Any]:
-        """
-        ``evaluate_actions`` that also returns the masked distribution.
-
-        The steps of upstream's ``evaluate_actions``, which returns no distribution and has no hook
-        that would (hence written out here).
-
-        :param obs: Observation
-        :param actions: Actions
-        :param action_masks: the actions' masks (``None``: no masking)
-        :param entropy_requires_grad: ``False`` computes the entropy outside the autograd graph
-        :return: estimated value, log likelihood of the actions, entropy and the distribution
-        """
-        latent_pi, latent_vf = self._latents(obs)
-        distribution = self._get_action_dist_from_latent(latent_pi)
-        if action_masks is not None:
-            distribution.apply_masking(action_masks)
-        log_prob = distribution.log_prob(actions)
-        values = lean_call(self.value_net, latent_vf)
-        with th.set_grad_enabled(entropy_requires_grad and th.is_grad_enabled()):
-            entropy = distribution.entropy()
-        return values, log_prob, entropy, distribution
+        """Upstream's ``evaluate_actions`` (``action_masks``: ``None`` for none) that also returns the distribution."""
+        return self._scores(*self._latents(obs), actions, entropy_requires_grad, action_masks)
 
     def evaluate_actions(
         self, obs: th.Tensor, actions: th.Tensor, action_masks: th.Tensor | None = None
@@ -1189,26 +531,14 @@ class MaskablePPOExtPolicy(CheckedForward, NetworkLearningRates, MaskableActorCr
 
 
 class MaskablePPOExtCnnPolicy(MaskablePPOExtPolicy):
-    """
-    :class:`MaskablePPOExtPolicy` with SB3's ``NatureCNN`` features extractor by default.
-
-    :param args: arguments of :class:`MaskablePPOExtPolicy`
-    :param features_extractor_class: Features extractor to use
-    :param kwargs: keyword arguments of :class:`MaskablePPOExtPolicy`
-    """
+    """:class:`MaskablePPOExtPolicy` with SB3's ``NatureCNN`` features extractor by default."""
 
     def __init__(self, *args: Any, features_extractor_class: type = NatureCNN, **kwargs: Any):
         super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
 
 
 class MaskablePPOExtMultiInputPolicy(MaskablePPOExtPolicy):
-    """
-    :class:`MaskablePPOExtPolicy` for ``Dict`` observation spaces (SB3's ``CombinedExtractor``).
-
-    :param args: arguments of :class:`MaskablePPOExtPolicy`
-    :param features_extractor_class: Features extractor to use
-    :param kwargs: keyword arguments of :class:`MaskablePPOExtPolicy`
-    """
+    """:class:`MaskablePPOExtPolicy` for ``Dict`` observation spaces (SB3's ``CombinedExtractor``)."""
 
     def __init__(self, *args: Any, features_extractor_class: type = CombinedExtractor, **kwargs: Any):
         super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
@@ -1218,35 +548,18 @@ class MaskablePPOExtMultiInputPolicy(MaskablePPOExtPolicy):
 
 
 class SquashedActionsWarning(UserWarning):
-    """
-    A squashed :class:`RecurrentPPOExtPolicy` was run (``forward``) outside RecurrentPPOExt's rollout
-    collection, e.g. trained by sb3-contrib's ``RecurrentPPO`` after ``RecurrentPPO.load`` of a
-    RecurrentPPOExt file: its actions are pre-squash samples, which that collection sends to the env
-    clipped, not squashed.
-    """
+    """A squashed :class:`RecurrentPPOExtPolicy` stepped outside RecurrentPPOExt's collection: its actions are pre-squash."""
 
 
 class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy):
     """
-    sb3-contrib's ``RecurrentActorCriticPolicy`` (LSTM actor and critic) with PPOExt's exact
-    tanh-squashed Gaussian head for ``Box`` actions, on by default: the LSTM's latent feeds the
-    squashed head exactly as the MLP's does in :class:`sb3_ppo_ext.policies.PPOExtActorCriticPolicy`
-    (pre-squash sample stored and scored, ``unscale_action`` to the env's bounds). With
-    ``squash_output=False`` the network, its initialisation and its outputs are upstream's.
+    sb3-contrib's ``RecurrentActorCriticPolicy`` with PPOExt's squashed head for ``Box`` actions, on by default (with
+    ``squash_output=False``, upstream's network and outputs). sb3-contrib's ``RecurrentPPO`` ignores
+    ``squash_output`` and would send the env clipped pre-squash samples: the first ``forward`` outside
+    RecurrentPPOExt's collection (:meth:`ext_collection`) warns (:class:`SquashedActionsWarning`).
 
-    The arguments are those of both parents: ``squash_output``, ``state_dependent_std``,
-    ``log_std_bounds``, ``entropy_estimator`` (PPOExt's head) and ``lstm_hidden_size``,
-    ``n_lstm_layers``, ``shared_lstm``, ``enable_critic_lstm``, ``lstm_kwargs`` (sb3-contrib's).
-
-    With the squashed head, ``forward`` returns pre-squash samples ``u``: RecurrentPPOExt's collection
-    sends the env ``unscale_action(tanh(u))``, but sb3-contrib's ``RecurrentPPO`` (which ignores
-    ``squash_output``) would send ``clip(u)``. A ``RecurrentPPO.load`` of a RecurrentPPOExt file builds
-    this policy, so the policy itself tells the two apart: the first ``forward`` outside
-    RecurrentPPOExt's collection (:meth:`ext_collection`) issues a :class:`SquashedActionsWarning`.
-    ``predict`` squashes under either class.
-
-    :param args: arguments of :class:`sb3_ppo_ext.policies.PPOExtActorCriticPolicy`
-    :param kwargs: keyword arguments of both parents
+    :param args: arguments of :class:`PPOExtActorCriticPolicy`
+    :param kwargs: keyword arguments of both parents (PPOExt's head, sb3-contrib's LSTM)
     """
 
     _in_ext_collection: bool = False
@@ -1264,25 +577,13 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
     def forward(  # type: ignore[override]
         self, obs: th.Tensor, lstm_states: RNNStates, episode_starts: th.Tensor, deterministic: bool = False
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor, RNNStates]:
-        """
-        Upstream's ``forward``; with the squashed head, outside RecurrentPPOExt's collection, the first
-        call warns (:class:`SquashedActionsWarning`) that its actions are pre-squash.
-
-        :param obs: Observation
-        :param lstm_states: The last hidden and memory states for the LSTM
-        :param episode_starts: Whether the observations correspond to new episodes or not
-        :param deterministic: Whether to sample or use deterministic actions
-        :return: action (pre-squash with the squashed head), value, log probability of the action and the new states
-        """
+        """Upstream's ``forward``; the first call outside RecurrentPPOExt's collection with the squashed head warns."""
         if self.squash_output and not self._in_ext_collection and not self._warned_outside_ext_collection:
             self._warned_outside_ext_collection = True
             warnings.warn(
                 f"{type(self).__name__} has the squashed head (squash_output=True): forward returns pre-squash "
-                "actions, which only RecurrentPPOExt's rollout collection turns into the env's actions "
-                "(policy.unscale_action of them). sb3-contrib's RecurrentPPO ignores squash_output and sends them "
-                "clipped to the bounds, so a RecurrentPPOExt file loaded with sb3_contrib.RecurrentPPO.load trains on "
-                "other actions than the ones predict returns: load it with sb3_ppo_ext.RecurrentPPOExt.load "
-                "(predict is right under either class)",
+                "actions, which a file loaded with sb3_contrib.RecurrentPPO.load sends clipped to the env, not squashed: "
+                "load it with sb3_ppo_ext.RecurrentPPOExt.load (predict is right under either class)",
                 SquashedActionsWarning,
                 stacklevel=2,
             )
@@ -1290,9 +591,6 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
 
     def direct_head(self) -> None:
         return None  # the LSTM's forward (states in, states out) is upstream's
-
-    def _direct_forward(self, *args: Any, **kwargs: Any) -> None:
-        return None
 
     @staticmethod
     def _process_sequence(
@@ -1302,38 +600,27 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
         lstm: nn.LSTM,
     ) -> tuple[th.Tensor, th.Tensor]:
         """
-        Upstream's ``_process_sequence`` (the LSTM over padded sequences, one step at a time where an
-        episode starts inside them) with two changes: the states are multiplied by ``1 - episode_start``
-        only at the steps where some sequence starts an episode (at the other steps upstream multiplies
-        them by exactly 1, which changes no value and no gradient), and the LSTM is called through
-        :func:`lean_lstm` (the same ``torch.lstm`` call as the module's). The result is upstream's bit for bit
-        (tested). The rollout buffer cuts sequences at episode starts, so in an update that is the first
-        step only. A test compares this copy with the installed sb3-contrib's method and fails on drift.
-
-        :param features: Input tensor
-        :param lstm_states: previous hidden and cell states of the LSTM, respectively
-        :param episode_starts: Indicates when a new episode starts,
-            in that case, we need to reset LSTM states.
-        :param lstm: LSTM object.
-        :return: LSTM output and updated LSTM states.
+        Upstream's ``_process_sequence`` with two changes (tested bit for bit, and against the installed copy): the
+        states are multiplied by ``1 - episode_start`` only at steps where some sequence starts (elsewhere by exactly
+        1), and the LSTM runs through :func:`~sb3_ppo_ext.speed.lean_lstm`.
         """
         n_seq = lstm_states[0].shape[1]
         features_sequence = features.reshape((n_seq, -1, lstm.input_size)).swapaxes(0, 1)
         episode_starts = episode_starts.reshape((n_seq, -1)).swapaxes(0, 1)
         resets = (episode_starts != 0.0).any(dim=1).tolist()
         if not any(resets):
-            lstm_output, lstm_states = lean_lstm(lstm, features_sequence, lstm_states)
+            lstm_output, lstm_states = speed.lean_lstm(lstm, features_sequence, lstm_states)
             lstm_output = th.flatten(lstm_output.transpose(0, 1), start_dim=0, end_dim=1)
             return lstm_output, lstm_states  # type: ignore[return-value]
         lstm_output = []  # type: ignore[assignment]  # upstream's names: a list, then the flattened tensor
-        weights = lstm_weights(lstm)
+        weights = speed.lstm_weights(lstm)
         for features, episode_start, reset in zip(features_sequence, episode_starts, resets, strict=True):
             if reset:
                 lstm_states = (
                     (1.0 - episode_start).view(1, n_seq, 1) * lstm_states[0],
                     (1.0 - episode_start).view(1, n_seq, 1) * lstm_states[1],
                 )
-            hidden, lstm_states = lean_lstm(lstm, features.unsqueeze(dim=0), lstm_states, weights)
+            hidden, lstm_states = speed.lean_lstm(lstm, features.unsqueeze(dim=0), lstm_states, weights)
             lstm_output += [hidden]  # type: ignore[arg-type]
         lstm_output = th.flatten(th.cat(lstm_output).transpose(0, 1), start_dim=0, end_dim=1)  # type: ignore[arg-type]
         return lstm_output, lstm_states  # type: ignore[return-value]
@@ -1342,15 +629,8 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
         self, features: th.Tensor, lstm_states: tuple[th.Tensor, th.Tensor], episode_starts: th.Tensor, lstm: nn.LSTM
     ) -> tuple[th.Tensor, tuple[th.Tensor, th.Tensor]]:
         """
-        The LSTM over a minibatch of padded sequences: upstream's ``_process_sequence`` or, in the fast mode,
-        one LSTM call over whole sequences.
-
-        Upstream steps through the sequences one step at a time whenever any of them starts an episode
-        (so nearly always in an update). The rollout buffer cuts sequences at episode starts, so an episode
-        can only start at a sequence's first step: the fast pass resets those sequences' initial states
-        and runs each sequence in one call; a sequence with a start further in (a buffer that does not cut
-        there) falls back to upstream's loop. The same function, to float rounding (the LSTM's matrix
-        products are batched over the steps), not bit for bit.
+        The LSTM over padded sequences: :meth:`_process_sequence`, or in the fast mode one call per sequence (the
+        buffer cuts sequences at episode starts, so only first steps reset; to float rounding, not bit for bit).
         """
         if not self.fast:  # sb3-contrib annotates the returned states as one tensor: they are (h, c)
             return self._process_sequence(features, lstm_states, episode_starts, lstm)  # type: ignore[return-value]
@@ -1360,21 +640,13 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
         if len(starts) > 1 and bool(starts[1:].any()):
             return self._process_sequence(features, lstm_states, episode_starts, lstm)  # type: ignore[return-value]
         keep = (1.0 - starts[0]).view(1, n_seq, 1)
-        output, states = lean_lstm(lstm, sequences, (keep * lstm_states[0], keep * lstm_states[1]))
+        output, states = speed.lean_lstm(lstm, sequences, (keep * lstm_states[0], keep * lstm_states[1]))
         return th.flatten(output.transpose(0, 1), start_dim=0, end_dim=1), states
 
     def sequence_distribution(
         self, obs: PyTorchObs, lstm_states: tuple[th.Tensor, th.Tensor], episode_starts: th.Tensor
     ) -> Any:
-        """
-        Upstream's ``get_distribution`` on a minibatch of padded sequences, through :meth:`_sequence_pass`
-        (in the fast mode, one LSTM call per sequence): the actor's distribution, no random draw.
-
-        :param obs: observations of padded sequences
-        :param lstm_states: the actor LSTM's states at the start of each sequence
-        :param episode_starts: whether each observation starts an episode
-        :return: the action distribution
-        """
+        """Upstream's ``get_distribution`` on padded sequences, through :meth:`_sequence_pass`: no random draw."""
         features = BasePolicy.extract_features(self, obs, self.pi_features_extractor)
         latent_pi, _ = self._sequence_pass(features, lstm_states, episode_starts, self.lstm_actor)
         return self._get_action_dist_from_latent(self.mlp_extractor.forward_actor(latent_pi))
@@ -1387,29 +659,14 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
         episode_starts: th.Tensor,
         entropy_requires_grad: bool = True,
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Any]:
-        """
-        ``evaluate_actions`` that also returns the action distribution.
-
-        The steps of upstream's ``evaluate_actions``, which returns no distribution and has no hook
-        that would (hence written out here).
-
-        :param obs: Observations of padded sequences
-        :param actions: Actions as stored in the rollout buffer (pre-squash for the squashed head)
-        :param lstm_states: The LSTM states at the start of each sequence
-        :param episode_starts: Whether each observation starts an episode (the states are reset there)
-        :param entropy_requires_grad: ``False`` computes the entropy outside the autograd graph
-        :return: estimated value, log likelihood of the actions, entropy and the distribution
-        """
+        """Upstream's ``evaluate_actions`` on padded sequences, through :meth:`_sequence_pass`, and the distribution."""
         features = self.extract_features(obs)
         if self.share_features_extractor:
             pi_features = vf_features = cast(th.Tensor, features)
         else:
             pi_features, vf_features = features
         # RNNStates annotates each LSTM's states as a tuple of any length: they are (h, c).
-        pi_states, vf_states = (
-            cast(tuple[th.Tensor, th.Tensor], lstm_states.pi),
-            cast(tuple[th.Tensor, th.Tensor], lstm_states.vf),
-        )
+        pi_states, vf_states = cast(tuple[tuple[th.Tensor, th.Tensor], tuple[th.Tensor, th.Tensor]], lstm_states)
         latent_pi, _ = self._sequence_pass(pi_features, pi_states, episode_starts, self.lstm_actor)
         if self.lstm_critic is not None:
             latent_vf, _ = self._sequence_pass(vf_features, vf_states, episode_starts, self.lstm_critic)
@@ -1417,14 +674,8 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
             latent_vf = latent_pi.detach()
         else:
             latent_vf = self.critic(vf_features)  # type: ignore[misc]  # sb3-contrib types critic as None when an LSTM serves it
-        latent_pi = self.mlp_extractor.forward_actor(latent_pi)
-        latent_vf = self.mlp_extractor.forward_critic(latent_vf)
-        distribution = self._get_action_dist_from_latent(latent_pi)
-        log_prob = distribution.log_prob(actions)
-        values = self.value_net(latent_vf)
-        with th.set_grad_enabled(entropy_requires_grad and th.is_grad_enabled()):
-            entropy = distribution.entropy()
-        return values, log_prob, entropy, distribution
+        latent_pi, latent_vf = self.mlp_extractor.forward_actor(latent_pi), self.mlp_extractor.forward_critic(latent_vf)
+        return self._scores(latent_pi, latent_vf, actions, entropy_requires_grad)
 
     def evaluate_actions(  # type: ignore[override]
         self, obs: th.Tensor, actions: th.Tensor, lstm_states: RNNStates, episode_starts: th.Tensor
@@ -1434,26 +685,14 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
 
 
 class RecurrentPPOExtCnnPolicy(RecurrentPPOExtPolicy):
-    """
-    :class:`RecurrentPPOExtPolicy` with SB3's ``NatureCNN`` features extractor by default.
-
-    :param args: arguments of :class:`RecurrentPPOExtPolicy`
-    :param features_extractor_class: Features extractor to use
-    :param kwargs: keyword arguments of :class:`RecurrentPPOExtPolicy`
-    """
+    """:class:`RecurrentPPOExtPolicy` with SB3's ``NatureCNN`` features extractor by default."""
 
     def __init__(self, *args: Any, features_extractor_class: type = NatureCNN, **kwargs: Any):
         super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
 
 
 class RecurrentPPOExtMultiInputPolicy(RecurrentPPOExtPolicy):
-    """
-    :class:`RecurrentPPOExtPolicy` for ``Dict`` observation spaces (SB3's ``CombinedExtractor``).
-
-    :param args: arguments of :class:`RecurrentPPOExtPolicy`
-    :param features_extractor_class: Features extractor to use
-    :param kwargs: keyword arguments of :class:`RecurrentPPOExtPolicy`
-    """
+    """:class:`RecurrentPPOExtPolicy` for ``Dict`` observation spaces (SB3's ``CombinedExtractor``)."""
 
     def __init__(self, *args: Any, features_extractor_class: type = CombinedExtractor, **kwargs: Any):
         super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)

@@ -2,8 +2,9 @@
 
 Every variant runs in the same process, interleaved (``scripts/throughput.py``'s ``run``: process CPU time, one
 torch thread, the order reversed every other repeat), so each figure is a ratio to stock PPO (or sb3-contrib's
-RecurrentPPO) measured side by side. A component is switched off by replacing it, for that variant's ``learn``
-only, with the plain call it stands for (this script's replacements; the package has no switches):
+RecurrentPPO) measured side by side. A component is switched off by replacing its name in ``sb3_ppo_ext.speed``
+(the rollout tensor cache: in ``sb3_ppo_ext.buffers``), for that variant's ``learn`` only, with the plain call it
+stands for (this script's replacements; the package has no switches):
 
     python scripts/ablation.py --workload hopper --steps 4096 --repeats 7
     python scripts/ablation.py --workload cartpole --steps 8192 --repeats 7
@@ -22,7 +23,7 @@ from unittest import mock
 import throughput  # scripts/throughput.py, beside this script
 import torch as th
 
-from sb3_ppo_ext import RecurrentPPOExt, buffers, engine, optim, policies
+from sb3_ppo_ext import RecurrentPPOExt, buffers, speed
 from sb3_ppo_ext.ppo_ext import PPOExt
 
 
@@ -51,19 +52,14 @@ def _upstream_samples(self, batch_inds, env=None):  # type: ignore[no-untyped-de
 
 # component -> the replacements that switch it off
 ABLATIONS: dict[str, Callable[[], list]] = {
-    "lean optimizer step": lambda: [mock.patch.object(engine, "OptimizerStep", _TorchsStep)],
-    "flat Adam buffers": lambda: [mock.patch.object(optim.OptimizerStep, "_flat_group", lambda *_: None)],
-    "acting plan": lambda: [mock.patch.object(policies.ActingPlan, "of", classmethod(lambda cls, policy: None))],
-    "lean layers": lambda: [mock.patch.object(policies, "lean_call", lambda module, x: module(x))],
-    "direct scoring": lambda: [
-        mock.patch.object(policies.PPOExtActorCriticPolicy, "evaluate_actions_directly", lambda *_, **__: None)
-    ],
-    "direct acting (and the plan)": lambda: [
-        mock.patch.object(policies.PPOExtActorCriticPolicy, "direct_head", lambda self: None),
-        mock.patch.object(policies.MaskablePPOExtPolicy, "direct_head", lambda self: None),
-    ],
+    "lean optimizer step": lambda: [mock.patch.object(speed, "OptimizerStep", _TorchsStep)],
+    "flat Adam buffers": lambda: [mock.patch.object(speed, "flat_adam_group", lambda *_: None)],  # torch's Adam.step
+    "acting plan": lambda: [mock.patch.object(speed.ActingPlan, "of", classmethod(lambda cls, policy: None))],
+    "lean layers": lambda: [mock.patch.object(speed, "lean_call", lambda module, x: module(x))],
+    "direct scoring": lambda: [mock.patch.object(speed, "direct_scores", lambda *_, **__: None)],
+    "direct acting (the plan unused)": lambda: [mock.patch.object(speed, "direct_step", lambda *_, **__: None)],
     "rollout tensor cache": lambda: [mock.patch.object(buffers.PiOldBuffer, "_get_samples", _upstream_samples)],
-    "lean_lstm": lambda: [mock.patch.object(policies, "lean_lstm", lambda lstm, x, states, weights=None: lstm(x, states))],
+    "lean_lstm": lambda: [mock.patch.object(speed, "lean_lstm", lambda lstm, x, states, weights=None: lstm(x, states))],
 }
 PPO_COMPONENTS = [name for name in ABLATIONS if name != "lean_lstm"]
 RECURRENT_COMPONENTS = ["lean optimizer step", "flat Adam buffers", "lean_lstm"]

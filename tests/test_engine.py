@@ -256,16 +256,16 @@ def test_entropy_logged_without_grad_changes_neither_loss_nor_gradient(monkeypat
     calls = []
     original = type(model.policy).evaluate_actions_and_distribution
 
-    def spy(self, obs, actions, entropy_requires_grad=True):
+    def spy(self, obs, actions, entropy_requires_grad=True, **kwargs):
         calls.append(entropy_requires_grad)
-        return original(self, obs, actions, entropy_requires_grad=entropy_requires_grad)
+        return original(self, obs, actions, entropy_requires_grad=entropy_requires_grad, **kwargs)
 
     monkeypatch.setattr(type(model.policy), "evaluate_actions_and_distribution", spy)
     terms, grads, rng = losses_and_grads()
     assert calls == [False]
 
-    def with_graph(self, obs, actions, entropy_requires_grad=True):
-        return original(self, obs, actions, entropy_requires_grad=True)
+    def with_graph(self, obs, actions, entropy_requires_grad=True, **kwargs):
+        return original(self, obs, actions, entropy_requires_grad=True, **kwargs)
 
     monkeypatch.setattr(type(model.policy), "evaluate_actions_and_distribution", with_graph)
     ref_terms, ref_grads, ref_rng = losses_and_grads()

@@ -8,8 +8,8 @@ import torch as th
 from torch import nn
 from torch.optim import optimizer as torch_optimizer
 
-from sb3_ppo_ext import optim
-from sb3_ppo_ext.optim import OptimizerStep, _runs_optimizer_hooks
+from sb3_ppo_ext import speed
+from sb3_ppo_ext.speed import OptimizerStep, _runs_optimizer_hooks
 
 
 class _Network(nn.Module):
@@ -69,7 +69,7 @@ def _state(network, optimizer):
 @pytest.mark.parametrize("max_norm", [0.05, 100.0], ids=["clipping", "not_clipping"])
 @pytest.mark.parametrize("mode", ["foreach", "fused"])
 def test_lean_step_is_torchs_zero_grad_clip_and_adam_bit_for_bit(two_groups, max_norm, mode):
-    """SB3's default Adam as the policies build it (foreach) and the fast mode's (fused): torch's results exactly."""
+    """SB3's default Adam as the policies build it (foreach; the fast mode's fused Adam: torch's step): torch's results."""
     results = []
     for lean in (False, True):
         network = _network()
@@ -80,7 +80,7 @@ def test_lean_step_is_torchs_zero_grad_clip_and_adam_bit_for_bit(two_groups, max
     assert th.equal(norms_torch, norms_lean)
     assert len(state_torch) == len(state_lean)
     assert all(th.equal(a, b) for a, b in zip(state_torch, state_lean, strict=True))
-    assert OptimizerStep(optimizer, list(network.parameters()), max_norm)._lean_adam
+    assert OptimizerStep(optimizer, list(network.parameters()), max_norm)._lean_adam == (mode == "foreach")  # fused: torch's
 
 
 @pytest.mark.parametrize(
@@ -210,7 +210,7 @@ def test_state_loaded_from_outside_and_new_gradients_are_followed():
 
 def test_a_flat_layout_whose_bits_differ_is_not_used(monkeypatch):
     """Where the flat arithmetic does not match torch's bit for bit here, every step runs per parameter."""
-    monkeypatch.setattr(optim, "flat_adam_is_exact", lambda *args: False)
+    monkeypatch.setattr(speed, "flat_adam_is_exact", lambda *args: False)
     network = _network()
     optimizer = th.optim.Adam(network.parameters(), lr=3e-3, eps=1e-5, foreach=True)
     _train(network, optimizer, 3, True, 0.5)
@@ -218,22 +218,22 @@ def test_a_flat_layout_whose_bits_differ_is_not_used(monkeypatch):
 
 
 def test_the_exactness_check_compares_bits():
-    assert optim.flat_adam_is_exact((3, 17, 64, 1), th.float32, th.device("cpu"))
-    assert not optim._same_bits(th.tensor([0.0]), th.tensor([-0.0]))
-    assert optim._same_bits(th.tensor([float("nan")]), th.tensor([float("nan")]))
+    assert speed.flat_adam_is_exact((3, 17, 64, 1), th.float32, th.device("cpu"))
+    assert not speed._same_bits(th.tensor([0.0]), th.tensor([-0.0]))
+    assert speed._same_bits(th.tensor([float("nan")]), th.tensor([float("nan")]))
 
 
 def test_torchs_own_tells_torchs_functions_from_a_users_replacements():
     import functools
 
-    assert optim.torchs_own(th.optim.Adam.step) and optim.torchs_own(th.nn.utils.clip_grad_norm_)
-    assert optim.torchs_own(th.optim.Optimizer.zero_grad)
+    assert speed.torchs_own(th.optim.Adam.step) and speed.torchs_own(th.nn.utils.clip_grad_norm_)
+    assert speed.torchs_own(th.optim.Optimizer.zero_grad)
 
     @functools.wraps(th.optim.Adam.step)
     def wrapper(*args, **kwargs):
         return th.optim.Adam.step(*args, **kwargs)
 
-    assert not optim.torchs_own(wrapper)
-    assert not optim.torchs_own(lambda: None)
+    assert not speed.torchs_own(wrapper)
+    assert not speed.torchs_own(lambda: None)
     # a user's function wrapped by torch's own decorator (Optimizer wraps a class's step with its profile hook)
-    assert not optim.torchs_own(th.optim.Optimizer.profile_hook_step(wrapper))
+    assert not speed.torchs_own(th.optim.Optimizer.profile_hook_step(wrapper))

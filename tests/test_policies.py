@@ -12,7 +12,8 @@ from stable_baselines3.common.env_util import make_vec_env
 from torch import nn
 
 from sb3_ppo_ext import MaskablePPOExt, PPOExt, RecurrentPPOExt
-from sb3_ppo_ext.policies import RecurrentPPOExtPolicy, lean_call, lean_lstm, runs_hooks, with_foreach_adam
+from sb3_ppo_ext.policies import RecurrentPPOExtPolicy
+from sb3_ppo_ext.speed import lean_call, lean_lstm, runs_hooks, with_foreach_adam
 
 
 def test_with_foreach_adam_keeps_sb3s_eps_and_the_users_choices():
@@ -154,15 +155,15 @@ def _upstream_forward(policy, obs, deterministic, masks=None):
 
 
 def _direct_and_upstream(model, obs, deterministic, masks=None, plan=False):
-    from sb3_ppo_ext import policies
+    from sb3_ppo_ext import speed
 
     kwargs = {} if masks is None else {"action_masks": masks}
     calls = []
-    direct_functions = {name: getattr(policies, name) for name in ("direct_gaussian", "direct_categorical")}
+    direct_functions = {name: getattr(speed, name) for name in ("direct_gaussian", "direct_categorical")}
     th.manual_seed(7)
     with pytest.MonkeyPatch.context() as patch:
         for name, function in direct_functions.items():
-            patch.setattr(policies, name, lambda *a, _f=function, **k: calls.append(1) or _f(*a, **k))
+            patch.setattr(speed, name, lambda *a, _f=function, **k: calls.append(1) or _f(*a, **k))
         with th.no_grad(), model.policy.acting() if plan else contextlib.nullcontext():
             assert (model.policy._acting_plan is not None) == plan
             direct = model.policy(obs, deterministic, **kwargs)
@@ -305,13 +306,13 @@ def test_recurrent_sequence_copy_matches_the_installed_upstream():
     assert added == [
         "resets = (episode_starts != 0.0).any(dim=1).tolist()",
         "if not any(resets):",
-        "lstm_output, lstm_states = lean_lstm(lstm, features_sequence, lstm_states)",
-        "weights = lstm_weights(lstm)",
+        "lstm_output, lstm_states = speed.lean_lstm(lstm, features_sequence, lstm_states)",
+        "weights = speed.lstm_weights(lstm)",
         "for features, episode_start, reset in zip(features_sequence, episode_starts, resets, strict=True):",
         "if reset:",
         "lstm_states = ((1.0 - episode_start).view(1, n_seq, 1) * lstm_states[0], "
         "(1.0 - episode_start).view(1, n_seq, 1) * lstm_states[1])",
-        "hidden, lstm_states = lean_lstm(lstm, features.unsqueeze(dim=0), lstm_states, weights)",
+        "hidden, lstm_states = speed.lean_lstm(lstm, features.unsqueeze(dim=0), lstm_states, weights)",
     ], (removed, added)
 
 
@@ -429,7 +430,7 @@ def test_acting_plan_follows_parameters_changed_within_a_collection(policy_kwarg
                 upstream = _upstream_forward(policy, batch, False)
                 assert all(same(a, b) for a, b in zip(direct, upstream, strict=True))
             # the derived forms took these steps
-            assert plan.arrays().head is not None if fast else plan._torch is not None and plan.head is not None
+            assert plan.array_head is not None if fast else plan._addmm is not None and plan.head is not None
         with th.enable_grad():
             th.manual_seed(3)
             direct = policy(obs)
@@ -451,7 +452,7 @@ def test_acting_plan_follows_parameters_changed_within_a_collection(policy_kwarg
     ids=["default", "unshared_relu", "elu", "no_hidden_layers"],
 )
 def test_acting_plan_is_built_only_for_sb3s_standard_networks(policy_kwargs, built):
-    from sb3_ppo_ext.policies import ActingPlan
+    from sb3_ppo_ext.speed import ActingPlan
 
     model = PPOExt("MlpPolicy", "CartPole-v1", policy_kwargs=policy_kwargs)
     assert (ActingPlan.of(model.policy) is not None) == built
@@ -464,7 +465,8 @@ def test_acting_plan_is_built_only_for_sb3s_standard_networks(policy_kwargs, bui
 def test_acting_plan_is_not_built_for_scaled_images_dict_or_multidiscrete_observations():
     from gymnasium import spaces
 
-    from sb3_ppo_ext.policies import ActingPlan, PPOExtActorCriticPolicy
+    from sb3_ppo_ext.policies import PPOExtActorCriticPolicy
+    from sb3_ppo_ext.speed import ActingPlan
 
     image = spaces.Box(0, 255, (36, 36, 1), dtype=np.uint8)
     for space, normalize in ((image, True), (image, False)):
@@ -500,7 +502,7 @@ def test_a_hook_registered_during_a_collection_runs_and_the_plan_lives_for_the_c
     """The plan runs the networks only while no hook would run; a hook added mid-collection runs at the next step."""
     from stable_baselines3.common.callbacks import BaseCallback
 
-    from sb3_ppo_ext.policies import ActingPlan
+    from sb3_ppo_ext.speed import ActingPlan
 
     model = PPOExt("MlpPolicy", "Pendulum-v1", n_steps=16, batch_size=16, n_epochs=1, seed=0)
     seen, planned, collected = [], [], []
@@ -562,10 +564,10 @@ def test_direct_evaluation_is_the_distributions_bit_for_bit(policy_kwargs, entro
     for direct in (False, True):
         policy.optimizer.zero_grad()
         th.manual_seed(3)
-        if direct:
-            values, log_prob, entropy = policy.evaluate_actions_directly(obs, actions, entropy_requires_grad)
-        else:
-            values, log_prob, entropy, _ = policy.evaluate_actions_and_distribution(obs, actions, entropy_requires_grad)
+        values, log_prob, entropy, dist = policy.evaluate_actions_and_distribution(
+            obs, actions, entropy_requires_grad, need_distribution=not direct
+        )
+        assert (dist is None) == direct
         loss = values.sum() + log_prob.sum() + (0.0 if entropy is None or not entropy.requires_grad else entropy.sum())
         loss.backward()
         grads = [th.zeros(0) if p.grad is None else p.grad.clone() for p in policy.parameters()]
@@ -583,6 +585,9 @@ def test_direct_evaluation_leaves_other_heads_and_own_scoring_to_the_distributio
 
     from sb3_ppo_ext.policies import PPOExtActorCriticPolicy
 
+    def scored_directly(policy, obs):
+        return policy.evaluate_actions_and_distribution(obs, th.zeros(2, 1), need_distribution=False)[3] is None
+
     cases = [
         ("Pendulum-v1", dict(policy_kwargs=dict(action_dist="beta"))),
         ("Pendulum-v1", dict(policy_kwargs=dict(state_dependent_std=True))),
@@ -591,12 +596,14 @@ def test_direct_evaluation_leaves_other_heads_and_own_scoring_to_the_distributio
     for env_id, kwargs in cases:
         model = PPOExt("MlpPolicy", env_id, **kwargs)
         obs = th.as_tensor(np.stack([model.observation_space.sample() for _ in range(2)]))
-        assert model.policy.evaluate_actions_directly(obs, th.zeros(2, 1)) is None, (env_id, kwargs)
+        assert not scored_directly(model.policy, obs), (env_id, kwargs)
     model = PPOExt("MlpPolicy", "Pendulum-v1")
     obs = th.as_tensor(np.stack([model.observation_space.sample() for _ in range(2)]))
-    assert model.policy.evaluate_actions_directly(obs, th.zeros(2, 1)) is not None
-    monkeypatch.setattr(PPOExtActorCriticPolicy, "evaluate_actions_and_distribution", ActorCriticPolicy.evaluate_actions)
-    assert model.policy.evaluate_actions_directly(obs, th.zeros(2, 1)) is None  # replaced on the class: its own scoring
+    assert scored_directly(model.policy, obs)
+    monkeypatch.setattr(
+        PPOExtActorCriticPolicy, "_get_action_dist_from_latent", ActorCriticPolicy._get_action_dist_from_latent
+    )
+    assert not scored_directly(model.policy, obs)  # replaced on the class: its own distribution scores
 
 
 def test_a_policy_with_checked_forward_but_no_direct_head_steps_upstreams_way():
@@ -634,7 +641,7 @@ def _fast_and_default_steps(model, obs, deterministic):
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_fast_mode_acts_in_numpy_as_the_default_step_does_to_float_rounding(squash, n_envs, deterministic, monkeypatch):
     """fast=True: a Gaussian head's rollout step in NumPy: the same draw, actions, values and log-probabilities to rounding."""
-    from sb3_ppo_ext.policies import ArrayPlan
+    from sb3_ppo_ext.speed import ArrayPlan
 
     calls = []
     original = ArrayPlan.step
@@ -656,7 +663,7 @@ def test_fast_mode_acts_in_numpy_as_the_default_step_does_to_float_rounding(squa
 
 def test_fast_mode_acts_with_torch_where_numpy_cannot_or_must_not():
     """The NumPy step runs only inside a collection, without autograd or hooks, for a state-independent Gaussian."""
-    from sb3_ppo_ext.policies import ArrayPlan
+    from sb3_ppo_ext.speed import ArrayPlan
 
     obs = th.as_tensor(np.zeros((2, 3), dtype=np.float32))
     sde = PPOExt("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(fast=True, state_dependent_std=True, squash_output=False))
