@@ -1002,3 +1002,12 @@ def test_record_without_cpu_time_reads_without_it(tmp_path):
     from benchmarks import time_to_score
 
     assert time_to_score.merged_runs({"time-to-score": {"Pendulum-v1": {"ppo": [run]}}}) == {}
+
+
+def test_invalid_entry_fails_its_run_not_the_matrix(tmp_path):
+    candidate = tmp_path / "candidate.yml"
+    candidate.write_text("Pendulum-v1:\n  policy: MlpPolicy\n  n_timesteps: 1000\n  n_epochs: ten\n")
+    spec = records.RunSpec("Pendulum-v1", suites.CANDIDATE, 0, 1000, 500, 1, str(tmp_path / "out"), candidate=str(candidate))
+    # The manager ends a command on invalid settings (SystemExit); in the matrix that is one failed run.
+    with pytest.raises(RuntimeError, match="n_epochs"):
+        runner.run_one(spec)

@@ -335,7 +335,10 @@ def _run_locked(spec: RunSpec) -> dict[str, Any]:
             device=spec.device,
             config=config,
         )
-        setup = manager.setup_experiment()
+        try:
+            setup = manager.setup_experiment()
+        except SystemExit as error:  # the manager ends the command on invalid settings: here it fails this run only
+            raise RuntimeError(f"{spec.env} {spec.algo}: {error}") from error.__cause__
         assert setup is not None
         model, saved_hyperparams = setup
         eval_env = manager.create_envs(1, eval_env=True)
