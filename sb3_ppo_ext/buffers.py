@@ -1,13 +1,6 @@
-"""Rollout buffers that carry ``pi_old``: the distribution each step's action was sampled from.
+"""Rollout buffers that carry ``pi_old`` (its parameters, set by the engine) as ``samples.old_distribution``.
 
-At the start of an update the engine scores the whole rollout once (no gradients, eval mode) and, for the KL
-penalty, hands the distributions' parameters (a Gaussian's ``loc`` and ``scale``, a Beta's concentrations,
-logits) to the buffer with :meth:`PiOldBuffer.set_old_distribution`. Each minibatch then carries its rows'
-parameters as ``samples.old_distribution`` (padded like every other field in a recurrent minibatch), rebuilt
-with :func:`sb3_ppo_ext.distributions.distributions_from_parameters` and :attr:`PiOldBuffer.distribution_kinds`.
-
-They are chosen through SB3's ``rollout_buffer_class`` (RecurrentPPOExt replaces RecurrentPPO's hard-coded
-buffer after upstream's ``_setup_model``) and give the same minibatches as the class they extend, field for field.
+Each gives the same minibatches as the upstream class it extends, field for field.
 """
 
 from __future__ import annotations
@@ -40,10 +33,7 @@ def _with_old_distribution(samples_class: type) -> type:
 
 
 class PiOldBuffer:
-    """
-    What the buffers of this module add to their upstream class (placed first in their bases). The parameters
-    are arrays of shape ``(buffer_size, n_envs, *parameter_shape)``, flattened with the rollout by the first ``get``.
-    """
+    """What the buffers of this module add to their upstream class (placed first in their bases)."""
 
     # Attributes of the upstream buffer, declared for type checkers.
     buffer_size: int
@@ -87,10 +77,7 @@ class PiOldBuffer:
         raise NotImplementedError
 
     def _get_samples(self, batch_inds: np.ndarray, env: VecNormalize | None = None) -> Any:
-        """
-        Upstream's samples of the rows ``batch_inds``, with ``old_distribution``: indexed from the flattened
-        rollout converted to tensors once per rollout (the same tensors as upstream's, field for field).
-        """
+        """Upstream's samples of the rows ``batch_inds`` with ``old_distribution``, from tensors made once per rollout."""
         if env is not None or not self.generator_ready:
             samples = super()._get_samples(batch_inds, env)  # type: ignore[misc]
             old = tuple(self.to_torch(array[batch_inds]) for array in self.old_distribution) if self.carries_pi_old else None  # type: ignore[attr-defined]
@@ -213,10 +200,7 @@ class _RecurrentPiOld(PiOldBuffer):
         return self.samples_class(*samples, old)
 
     def rollout_samples(self, chunk: int) -> Iterator[Any]:
-        """
-        The whole rollout as one sample of padded sequences (each environment's steps from its first stored LSTM
-        state, cut at episode starts), without random draws; an LSTM pass is not cut into chunks of rows.
-        """
+        """The whole rollout as one sample of padded sequences (an LSTM pass is not cut into chunks), no random draws."""
         self.prepare_rollout()
         env_change = np.zeros((self.buffer_size, self.n_envs))
         env_change[0, :] = 1.0  # a new sequence where each environment's steps begin, as upstream's ``get``

@@ -1,15 +1,8 @@
 """The one PPO update that PPOExt, MaskablePPOExt and RecurrentPPOExt share.
 
-:class:`ExtUpdateEngine` is a mixin placed before the upstream algorithm in each class's bases. Its ``train``
-iterates the algorithm's own rollout buffer with ``get(batch_size)`` as upstream does (same minibatches, same
-NumPy draws) and holds every loss term, the KL penalty and its beta rule, both value-clip forms, ``target_kl``,
-the non-finite guard and every diagnostic. Each algorithm overrides three seams: :meth:`~ExtUpdateEngine._evaluate_samples`
-(scoring a minibatch), :meth:`~ExtUpdateEngine._valid_samples` (the unpadded rows of a recurrent minibatch) and
-:meth:`~ExtUpdateEngine._samples_distribution` (the action distribution on samples).
-
-``pi_old`` is the policy before the update: at the start of ``train`` one pass without gradients scores the whole
-rollout (``train/kl`` is measured against it) and, for the KL penalty, hands its parameters to the rollout buffer
-(:mod:`sb3_ppo_ext.buffers`), so that every minibatch carries its rows' ``pi_old``.
+:class:`ExtUpdateEngine` is a mixin placed before the upstream algorithm in each class's bases; its ``train`` iterates
+the algorithm's own buffer with ``get(batch_size)`` as upstream does. Each algorithm overrides three seams:
+``_evaluate_samples``, ``_valid_samples`` and ``_samples_distribution``.
 """
 
 from __future__ import annotations
@@ -186,8 +179,7 @@ class ExtUpdateEngine:
         self.kl_adapt_tolerance = kl_adapt_tolerance
         self.kl_coef_bounds = kl_coef_bounds
         self._normalise_settings()
-        # The live beta, saved with the model; set here, not in ``_setup_model``, which ``load`` calls after
-        # restoring the saved attributes (it applies the beta rule to the saved value).
+        # The live beta, saved with the model (``_setup_model`` applies the beta rule to a loaded one).
         self.current_kl_coef = self._live_kl_coef(None)
 
     def _normalise_settings(self) -> None:
@@ -205,14 +197,10 @@ class ExtUpdateEngine:
 
     def _live_kl_coef(self, previous: tuple[Any, Any, Any] | None) -> Any:
         """
-        The beta rule, the one place that decides the live beta (``current_kl_coef``): 0 with the penalty off;
-        ``kl_coef`` for a fixed beta (``kl_target=None``: a ``kl_coef`` given to ``load`` or set by
-        :class:`~sb3_ppo_ext.callbacks.ParameterScheduler` is the beta every update uses); for an adaptive beta,
-        carried on from ``previous`` when that was an adaptive beta under the same ``kl_coef`` (a continued
-        ``learn``, a ``load`` giving the saved ``kl_coef`` again), otherwise ``kl_coef``.
+        The beta rule: 0 with the penalty off; ``kl_coef`` for a fixed beta; an adaptive beta is carried on from
+        ``previous`` when that was adaptive under the same ``kl_coef``, otherwise it restarts at ``kl_coef``.
 
         :param previous: the :class:`KLState` the live beta was adapted under (at load, the file's), or ``None``
-        :return: the live beta (a carried-on value as it is: :meth:`_settings_error` checks it)
         """
         if not self.kl_coef > 0:
             return 0.0
@@ -235,16 +223,7 @@ class ExtUpdateEngine:
         return arguments
 
     def _settings_error(self, previous: tuple[Any, Any, Any]) -> validation.InvalidSettingError | None:
-        """
-        What is wrong with the model's settings, as the constructor judges them (schedules are not
-        evaluated: ``load``'s ``custom_objects`` may replace them for a model that will not train, as
-        rl-zoo3's enjoy does with ``clip_range=lambda _: 0.0``), and with its live beta: the stored
-        ``current_kl_coef`` must be a finite number >= 0, and an adaptive beta carried on (see
-        :meth:`_live_kl_coef`) must lie within ``kl_coef_bounds``.
-
-        :param previous: what the live beta was adapted under (:meth:`_kl_state`)
-        :return: the error, or ``None`` when the settings are valid
-        """
+        """The constructor's verdict on the settings (schedules not evaluated) and on the live beta, or ``None``."""
         try:
             n_envs = self.n_envs if getattr(self, "env", None) is not None else None
             validation.check_arguments(self._configured_arguments(), check_schedules=False, n_envs=n_envs)
@@ -261,13 +240,7 @@ class ExtUpdateEngine:
         return None
 
     def _check_policy_fits_observations(self) -> None:
-        """
-        A ``ValueError`` naming the policies to use when the policy's default features extractor cannot read
-        the observation space: a ``Dict`` space needs a ``MultiInput...`` policy (SB3's ``CombinedExtractor``),
-        any other space a policy without it. SB3 makes the same check for ``"MlpPolicy"`` / ``"CnnPolicy"``
-        only; without it, ``"MlpLstmPolicy"`` fails at the first rollout and ``"MultiInputPolicy"`` with an
-        ``AttributeError``. A ``features_extractor_class`` given in ``policy_kwargs`` is the user's choice.
-        """
+        """A ``ValueError`` naming the fitting policy aliases when the alias's default extractor cannot read the space."""
         from stable_baselines3.common.torch_layers import CombinedExtractor
 
         def reads_dicts(policy_class: type) -> bool:
@@ -287,11 +260,7 @@ class ExtUpdateEngine:
         )
 
     def _get_policy_from_name(self, policy_name: str) -> type:
-        """
-        The policy class of an alias, as SB3's; an unknown alias is a ``ValueError`` that lists this
-        class's aliases and names the class of this package whose alias it is (``"MlpLstmPolicy"``:
-        ``RecurrentPPOExt``).
-        """
+        """The policy class of an alias; an unknown alias is a ``ValueError`` naming the class that has it."""
         aliases: dict[str, type] = getattr(self, "policy_aliases", {})
         if policy_name in aliases:
             return aliases[policy_name]
@@ -306,11 +275,7 @@ class ExtUpdateEngine:
         )
 
     def _check_policy_kwargs_names(self) -> None:
-        """
-        An :class:`UnknownPolicyKwargError` for a ``policy_kwargs`` key that the policy class's
-        constructor chain does not take, with the closest valid name (as the settings check says it
-        for rl-zoo3's ``-params``), instead of the constructor's bare ``TypeError``.
-        """
+        """An :class:`UnknownPolicyKwargError` with the closest valid name for a key the policy class does not take."""
         if not isinstance(self.policy_class, type) or not isinstance(self.policy_kwargs, dict):
             return
         taken = validation.policy_parameters(self.policy_class)
@@ -320,9 +285,7 @@ class ExtUpdateEngine:
             raise UnknownPolicyKwargError(f"{type(self).__name__}: {problems}; valid keys: {', '.join(sorted(taken))}")
 
     def _setup_model(self) -> None:
-        # Checked again here because ``load(path, **kwargs)`` sets the saved attributes and its
-        # keyword arguments without __init__: the same checks as the constructor's (see
-        # ``_settings_error``), and the beta rule (``_live_kl_coef``) on the saved live beta.
+        # ``load`` sets the saved attributes and its keyword arguments without __init__: the constructor's checks again.
         loading: Loading | None = self.__dict__.pop(LOADING, None)
         previous = self._kl_state()
         if loading is None:
@@ -353,8 +316,7 @@ class ExtUpdateEngine:
                 NoTrustRegionWarning,
                 stacklevel=3,
             )
-        # Upstream's ``_setup_model`` wraps ``clip_range`` in a FloatSchedule unconditionally, which
-        # rejects ``None`` (clipping off): it gets a stand-in, and ``None`` is put back afterwards.
+        # Upstream's ``_setup_model`` rejects ``clip_range=None``: a stand-in, put back afterwards.
         clipping_off = self.clip_range is None
         if clipping_off:
             self.clip_range = 1.0
@@ -363,15 +325,11 @@ class ExtUpdateEngine:
         if clipping_off:
             self.clip_range = None
 
-    # The buffer classes carrying pi_old (plain and Dict observations) that replace upstream's default
-    # choice; ``None``: the algorithm takes no ``rollout_buffer_class`` (RecurrentPPO builds its own).
+    # The (plain, Dict) buffer classes carrying pi_old; ``None``: no ``rollout_buffer_class`` (RecurrentPPO).
     _pi_old_buffer_classes: ClassVar[tuple[type, type] | None] = None
 
     def _choose_rollout_buffer_class(self) -> None:
-        """
-        ``rollout_buffer_class``: for ``None`` or one of upstream's classes, its subclass that carries ``pi_old``
-        (:data:`sb3_ppo_ext.buffers.PI_OLD_BUFFERS`); a class of the user's own is kept.
-        """
+        """Replace ``None`` or an upstream ``rollout_buffer_class`` by its ``pi_old`` subclass; keep the user's own."""
         if self._pi_old_buffer_classes is None:
             return
         chosen = getattr(self, "rollout_buffer_class", None)
@@ -410,14 +368,7 @@ class ExtUpdateEngine:
     def _evaluate_samples(
         self, samples: Any, actions: th.Tensor, need_distribution: bool
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Any]:
-        """
-        Values, log-probabilities, entropy and (if needed) the action distribution on a minibatch. With
-        ``ent_coef == 0`` a policy of this package computes the entropy outside the autograd graph.
-
-        :param samples: the buffer's minibatch
-        :param actions: its actions as the policy scores them (long for Discrete)
-        :param need_distribution: whether the distribution is needed (KL penalty)
-        """
+        """Values, log-probabilities, entropy and (if ``need_distribution``) the action distribution on a minibatch."""
         if hasattr(self.policy, "evaluate_actions_and_distribution"):
             return self.policy.evaluate_actions_and_distribution(
                 samples.observations, actions, entropy_requires_grad=self.ent_coef != 0, need_distribution=need_distribution
@@ -435,10 +386,7 @@ class ExtUpdateEngine:
         return policy.get_distribution(samples.observations)
 
     def _rollout_distributions(self) -> Distributions:
-        """
-        The policy's action distributions on every valid rollout sample, without gradients, in eval mode, in the
-        buffer's flattened row order: ``pi_old`` before the update, ``pi_new`` after it.
-        """
+        """The policy's distributions on every valid rollout sample (no grad, eval mode, the buffer's row order)."""
         buffer = self.rollout_buffer
         if not isinstance(buffer, PiOldBuffer):
             return self._flat_rollout_distributions()
@@ -472,11 +420,7 @@ class ExtUpdateEngine:
     # ---- the update -----------------------------------------------------------------------------
 
     def _update_learning_rates(self) -> None:
-        """
-        Upstream's ``_update_learning_rate``; with per-network rates (``policy_kwargs["learning_rates"]``) the
-        actor's and critic's groups then follow their own schedules, logged as ``train/learning_rate_pi`` and
-        ``train/learning_rate_vf`` (``train/learning_rate``: the actor's).
-        """
+        """Upstream's ``_update_learning_rate``, then the per-network rates of ``policy_kwargs["learning_rates"]``."""
         self._update_learning_rate(self.policy.optimizer)  # type: ignore[attr-defined]
         if getattr(self.policy, "learning_rate_schedules", None) is None:
             return
@@ -511,7 +455,6 @@ class ExtUpdateEngine:
         :param clip_range: current surrogate clip range, or ``None``
         :param clip_range_vf: current value clip range, or ``None``
         :param kl_coef: current ``beta`` (0: no penalty)
-        :return: ``loss`` (with gradient), its terms, ``approx_kl``, clip fractions and the valid samples' ``ratio``
         """
         samples, valid = batch.samples, batch.valid
         values, log_prob, entropy, distribution = self._evaluate_samples(
@@ -540,8 +483,7 @@ class ExtUpdateEngine:
         entropy_mean = -losses.masked_mean(log_prob, valid) if entropy is None else losses.masked_mean(entropy, valid)
         entropy_loss = -entropy_mean
 
-        # Summed in upstream's order (policy, entropy, value): without the squashed head and the penalty, the loss
-        # and its gradient are upstream's bit for bit. A zero entropy term stays out of the graph (x + 0 * y == x).
+        # Upstream's order (policy, entropy, value), bit for bit; a zero entropy term stays out of the graph.
         loss = policy_loss if kl_penalty is None else policy_loss + kl_penalty
         if self.ent_coef != 0:
             loss = loss + self.ent_coef * entropy_loss
