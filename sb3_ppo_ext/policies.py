@@ -54,8 +54,7 @@ NETWORKS = ("pi", "vf")
 
 def learning_rate_schedule(name: str, value: float | str | Callable[[float], float]) -> Schedule:
     """
-    The schedule of one entry of ``learning_rates``: a number is constant, ``"lin_<x>"`` linear from ``x`` to 0, a
-    callable of the progress remaining is used as it is.
+    The schedule of a ``learning_rates`` entry: a number (constant), ``"lin_<x>"`` (linear to 0) or a callable.
 
     :param name: the setting's name, for messages
     :param value: the entry
@@ -72,8 +71,7 @@ def learning_rate_schedule(name: str, value: float | str | Callable[[float], flo
 
 def network_parameters(policy: nn.Module) -> dict[str, list[nn.Parameter]]:
     """
-    The actor's (``"pi"``) and the critic's (``"vf"``) parameters of an actor-critic policy: ``"vf"`` are the
-    critic's MLP, ``value_net``, the critic's own features extractor and LSTM (or its linear ``critic``); ``"pi"`` the rest.
+    The actor's (``"pi"``) and the critic's (``"vf"``: critic MLP, ``value_net``, own extractor and LSTM) parameters.
 
     :param policy: e.g. a :class:`PPOExtActorCriticPolicy`
     :return: ``{"pi": [...], "vf": [...]}`` in ``named_parameters`` order
@@ -97,10 +95,7 @@ def network_parameters(policy: nn.Module) -> dict[str, list[nn.Parameter]]:
 
 
 class CheckedForward:
-    """
-    Mixin of the policies: upstream's ``forward`` with one check for torch's (a non-finite log-probability is a
-    ``ValueError``), stepping a :meth:`direct_head` without distribution objects (:func:`~sb3_ppo_ext.speed.direct_step`).
-    """
+    """Mixin: upstream's ``forward`` (a :meth:`direct_head` stepped directly), a non-finite log-prob a ``ValueError``."""
 
     _acting_plan: speed.ActingPlan | None = None
 
@@ -108,7 +103,6 @@ class CheckedForward:
         output = speed.direct_step(self, *args, **kwargs) if self.direct_head() is not None else None
         if output is None:
             output = super().forward(*args, **kwargs)  # type: ignore[misc]
-        # NaN and inf survive a sum: one tensor op and one host read, unless the step checked its own (in NumPy).
         log_prob = output[2]
         if log_prob is not self.__dict__.get("_finite_log_prob") and not math.isfinite(float(log_prob.detach().sum())):
             raise ValueError(
@@ -189,7 +183,7 @@ class NetworkLearningRates:
 
     def set_learning_rates(self, progress_remaining: float) -> dict[str, float]:
         """
-        Set the actor's and the critic's groups from their schedules (groups the user added are left as they are).
+        Set the actor's and the critic's groups from their schedules.
 
         :param progress_remaining: training progress remaining (1 to 0)
         :return: ``{"pi": rate, "vf": rate}`` as set
@@ -224,11 +218,8 @@ class NetworkLearningRates:
 class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticPolicy):
     """
     SB3's ``ActorCriticPolicy`` with an exact tanh-squashed Gaussian head for ``Box`` actions, on by default: the
-    policy's action is the pre-squash sample ``u`` (returned by ``forward``, stored and scored, so the ratio's
-    log-probability is the one computed at sampling, even for saturated actions), and the env receives
-    ``low + (tanh(u) + 1) / 2 * (high - low)`` through :meth:`unscale_action`, which SB3 applies whenever
-    ``squash_output`` is true. Handed to stock PPO it behaves the same way (with stock PPO's objective and logging).
-    The other arguments are ``ActorCriticPolicy``'s; gSDE combines with squashing (the pre-squash distribution).
+    pre-squash sample ``u`` is stored and scored, and the env receives ``low + (tanh(u) + 1) / 2 * (high - low)``
+    through :meth:`unscale_action`.
 
     :param observation_space: Observation space
     :param action_space: Action space
@@ -237,17 +228,10 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         ``False``: stock PPO's Gaussian plus clipping
     :param state_dependent_std: the log-std from a linear head on the actor's latent (``Box`` only, not with gSDE)
     :param log_std_bounds: ``(min, max)`` of the state-dependent log-std (``tanh``-mapped), default ``(-5, 2)``
-    :param entropy_estimator: the squashed head's entropy: ``"mc"`` (default: the Gaussian's plus a one-sample
-        reparametrised estimate of ``E[log(1 - tanh(u)^2)]``), ``"gaussian"`` (the pre-squash Gaussian's, which
-        grows without bound with the std) or ``"sample"`` (SB3's ``-mean(log_prob)``)
-    :param action_dist: ``"gaussian"`` (default) or ``"beta"``: Beta(1 + softplus(.), 1 + softplus(.)) per dimension
-        rescaled to ``[low, high]`` (:class:`~sb3_ppo_ext.distributions.BetaDistribution`), which stores the logit of
-        its sample and excludes the Gaussian settings
-    :param learning_rates: ``{"pi": rate, "vf": rate}``: the actor's and the critic's own learning rates (a number,
-        a schedule or ``"lin_<x>"``) through two optimizer groups (:func:`network_parameters`); ``None``: one group
-    :param fast: the fast mode: fused Adam and a state-independent Gaussian head's rollout steps in NumPy on a CPU
-        (:class:`~sb3_ppo_ext.speed.ArrayPlan`): the same updates to float rounding, not bit for bit. ``False``
-        (default): with the extensions off, training is upstream's bit for bit
+    :param entropy_estimator: the squashed head's entropy: ``"mc"`` (default), ``"gaussian"`` or ``"sample"``
+    :param action_dist: ``"gaussian"`` (default) or ``"beta"`` (:class:`~sb3_ppo_ext.distributions.BetaDistribution`)
+    :param learning_rates: ``{"pi": rate, "vf": rate}``: the actor's and the critic's own learning rates; ``None``: one
+    :param fast: fused Adam, NumPy steps of a state-independent Gaussian head: equal to float rounding, not bit for bit
     :param args: positional arguments of ``ActorCriticPolicy`` after ``lr_schedule``
     :param kwargs: keyword arguments of ``ActorCriticPolicy``
     """
@@ -267,7 +251,6 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         fast: bool = False,
         **kwargs: Any,
     ):
-        # Each by its row of the rule table, then the rules across them and on the action space.
         own: dict[str, object] = dict(squash_output=squash_output, state_dependent_std=state_dependent_std)
         own.update(log_std_bounds=log_std_bounds, entropy_estimator=entropy_estimator, action_dist=action_dist)
         check_policy_kwargs({**own, "learning_rates": learning_rates, "fast": fast, **kwargs}, action_space)
@@ -290,8 +273,6 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         super().__init__(observation_space, action_space, lr_schedule, *args, squash_output=False, **kwargs)  # type: ignore[misc]
         self._squash_output = bool(squash_output)
         if self.squash_output != self._squash_output:
-            # SB3 rescales instead of clipping when squash_output, read from _squash_output, is true: a release that
-            # renames it would send the env clipped pre-squash samples.
             import stable_baselines3
 
             raise RuntimeError(
@@ -303,7 +284,7 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         if self._squash_output:
             assert isinstance(action_space, spaces.Box)
             half_range = (action_space.high.astype(np.float64) - action_space.low.astype(np.float64)) / 2.0
-            # A zero-width dimension always receives low: its constant log(0) cancels in ratios and KLs, left out.
+            # A zero-width dimension's constant log(0) cancels in ratios and KLs: left out.
             self._log_half_range_sum = float(np.log(half_range[half_range > 0]).sum())
             if is_beta:
                 assert isinstance(self.action_dist, BetaDistribution)
@@ -319,7 +300,6 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
             entropy_estimator=self.entropy_estimator,
             action_dist=self.action_dist_name,
         )
-        # SB3 saves gSDE's own squash flag under the same name; ours is always the one to restore.
         return data
 
     def _build(self, lr_schedule: Schedule) -> None:
@@ -329,17 +309,14 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
             return
         if not self.state_dependent_std:
             return
-        # Replace the state-independent log-std parameter by a linear head on the actor latent.
         del self.log_std
         self.log_std_net = nn.Linear(self.mlp_extractor.latent_dim_pi, get_action_dim(self.action_space))
         if self.ortho_init:
             self.init_weights(self.log_std_net, gain=0.01)
         assert self.log_std_bounds is not None
         low, high = self.log_std_bounds
-        # Bias such that the initial (small-weight) head outputs log_std_init.
         with th.no_grad():
             self.log_std_net.bias.fill_(math.atanh(2.0 * (self.log_std_init - low) / (high - low) - 1.0))
-        # The optimizer built by SB3 does not know the new head: rebuild it the same way.
         self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)  # type: ignore[call-arg]
 
     def _build_beta_head(self, lr_schedule: Schedule) -> None:
@@ -349,7 +326,6 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         self.action_dist = BetaDistribution(action_dim)  # log_range_sum: set by __init__ once the bounds are read
         self.action_net = self.action_dist.proba_distribution_net(self.mlp_extractor.latent_dim_pi)
         if self.ortho_init:
-            # SB3's gain for the action head: alpha and beta start near 1 + softplus(0) = 1.69 (mode at the centre).
             self.init_weights(self.action_net, gain=0.01)
         self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)  # type: ignore[call-arg]
 
@@ -377,11 +353,7 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         return distribution
 
     def direct_head(self) -> str | None:
-        """
-        ``"gaussian"`` (also with ``state_dependent_std``), ``"sde"`` or ``"categorical"``: the head stepped and scored
-        without distribution objects; ``None`` for the others (Beta, MultiDiscrete, MultiBinary, gSDE with its own
-        squashing or with ``state_dependent_std``, a subclass's own ``_get_action_dist_from_latent``).
-        """
+        """``"gaussian"``, ``"sde"`` or ``"categorical"``: the head stepped without distribution objects; else ``None``."""
         if type(self)._get_action_dist_from_latent is not _OWN_HEADS[0]:  # a subclass's or a patch's own distribution
             return None
         dist = self.action_dist
@@ -399,12 +371,9 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
 
         :param obs: Observation
         :param actions: Actions as stored in the rollout buffer (pre-squash for the squashed head)
-        :param entropy_requires_grad: ``False`` computes the entropy outside the autograd graph (same value, same
-            random draws): for a caller that only logs it, e.g. PPOExt with ``ent_coef == 0``
-        :param need_distribution: ``False``: the Gaussian heads are scored without distribution objects
-            (:func:`sb3_ppo_ext.speed.direct_scores`, the same values and draws) and return ``None`` for it
-        :return: estimated value, log likelihood of the actions, entropy (``None`` when it is estimated from
-            samples) and the action distribution
+        :param entropy_requires_grad: ``False`` computes the entropy outside the autograd graph
+        :param need_distribution: ``False``: the Gaussian heads may return ``None`` for the distribution
+        :return: values, log-likelihood of the actions, entropy (``None``: estimated from samples), distribution
         """
         if not need_distribution:
             scores = speed.direct_scores(self, obs, actions, entropy_requires_grad)  # type: ignore[arg-type]
@@ -422,17 +391,13 @@ class PPOExtActorCriticPolicy(CheckedForward, NetworkLearningRates, ActorCriticP
         return np.tanh(scale * stored) if self.squash_output else stored
 
     def unscale_action(self, scaled_action: np.ndarray) -> np.ndarray:
-        """
-        The env's action of a stored one: ``low + (tanh(u) + 1) / 2 * (high - low)`` of the pre-squash ``u``, or
-        ``low + sigmoid(u) * (high - low)`` of the Beta head's logit; without squashing, SB3's affine map.
-        """
+        """The env's action of a stored one (pre-squash ``u`` or the Beta head's logit); unsquashed: SB3's map."""
         if not self.squash_output:
             return super().unscale_action(scaled_action)
         if self.action_dist_name == "beta":
             scaled_action = 0.5 * np.asarray(scaled_action, dtype=np.float64)
         space = self.action_space
         assert isinstance(space, spaces.Box)
-        # float64 bounds converted once per action space, not at every env step.
         cache = getattr(self, "_rescale_cache", None)
         if cache is None or cache[0] is not space:
             low64, high64 = space.low.astype(np.float64), space.high.astype(np.float64)
@@ -476,8 +441,7 @@ MultiInputPolicy = PPOExtMultiInputActorCriticPolicy
 
 class MaskablePPOExtPolicy(CheckedForward, NetworkLearningRates, MaskableActorCriticPolicy):
     """
-    sb3-contrib's ``MaskableActorCriticPolicy`` whose ``evaluate_actions`` can also return the masked distribution
-    (for the KL penalty, without a second pass); the network and its outputs are upstream's.
+    sb3-contrib's ``MaskableActorCriticPolicy`` whose ``evaluate_actions`` can also return the masked distribution.
 
     :param args: arguments of ``MaskableActorCriticPolicy``
     :param squash_output: ``None`` or ``False`` (masked action spaces are discrete)
@@ -553,10 +517,8 @@ class SquashedActionsWarning(UserWarning):
 
 class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy):
     """
-    sb3-contrib's ``RecurrentActorCriticPolicy`` with PPOExt's squashed head for ``Box`` actions, on by default (with
-    ``squash_output=False``, upstream's network and outputs). sb3-contrib's ``RecurrentPPO`` ignores
-    ``squash_output`` and would send the env clipped pre-squash samples: the first ``forward`` outside
-    RecurrentPPOExt's collection (:meth:`ext_collection`) warns (:class:`SquashedActionsWarning`).
+    sb3-contrib's ``RecurrentActorCriticPolicy`` with PPOExt's squashed head for ``Box`` actions, on by default; the
+    first ``forward`` outside RecurrentPPOExt's collection (:meth:`ext_collection`) warns (:class:`SquashedActionsWarning`).
 
     :param args: arguments of :class:`PPOExtActorCriticPolicy`
     :param kwargs: keyword arguments of both parents (PPOExt's head, sb3-contrib's LSTM)
@@ -628,10 +590,7 @@ class RecurrentPPOExtPolicy(PPOExtActorCriticPolicy, RecurrentActorCriticPolicy)
     def _sequence_pass(
         self, features: th.Tensor, lstm_states: tuple[th.Tensor, th.Tensor], episode_starts: th.Tensor, lstm: nn.LSTM
     ) -> tuple[th.Tensor, tuple[th.Tensor, th.Tensor]]:
-        """
-        The LSTM over padded sequences: :meth:`_process_sequence`, or in the fast mode one call per sequence (the
-        buffer cuts sequences at episode starts, so only first steps reset; to float rounding, not bit for bit).
-        """
+        """The LSTM over padded sequences: :meth:`_process_sequence`, or in the fast mode one call per sequence."""
         if not self.fast:  # sb3-contrib annotates the returned states as one tensor: they are (h, c)
             return self._process_sequence(features, lstm_states, episode_starts, lstm)  # type: ignore[return-value]
         n_seq = lstm_states[0].shape[1]

@@ -1,10 +1,7 @@
 """
-The package's speed components, each the same operations as the calls it stands for (bit for bit, tested) with less
-Python per call, giving way to the plain call wherever that would run a hook, a user's patch or another module:
-multi-tensor Adam (:func:`with_foreach_adam`), the update's optimizer step (:class:`OptimizerStep`) with Adam's state in
-flat buffers (:class:`FlatAdamGroup`), SB3's layers and ``nn.LSTM`` through their functions (:func:`lean_call`,
-:func:`lean_lstm`), a collection's networks as tensors (:class:`ActingPlan`), rollout steps and minibatch scores without
-distribution objects (:func:`direct_step`, :func:`direct_scores`). Each is switched off by replacing its name here.
+Speed components: the same operations as the calls they stand for (bit for bit) with less Python per call, giving way
+to the plain call wherever that would run a hook, a user's patch or another module. Each is switched off by replacing
+its name here.
 """
 
 from __future__ import annotations
@@ -61,10 +58,7 @@ class Scores(NamedTuple):
 
 
 def with_foreach_adam(kwargs: dict[str, Any], fused: bool = False) -> dict[str, Any]:
-    """
-    A policy's keyword arguments with SB3's default Adam multi-tensor (``foreach=True``; ``fused=True`` with ``fused``)
-    unless ``foreach`` or ``fused`` is given; SB3's ``eps=1e-5`` without ``optimizer_kwargs`` is kept.
-    """
+    """A policy's kwargs with SB3's default Adam ``foreach=True`` (or ``fused=True``) unless either is given."""
     if kwargs.get("optimizer_class", th.optim.Adam) is not th.optim.Adam:
         return kwargs
     optimizer_kwargs = kwargs.get("optimizer_kwargs")
@@ -121,8 +115,7 @@ def _runs_optimizer_hooks(optimizer: th.optim.Optimizer) -> bool:
 
 class FlatAdamGroup:
     """
-    One Adam group's ``exp_avg``, ``exp_avg_sq`` and ``step`` in ``optimizer.state`` as views of one buffer each
-    (the same values), stepped by one operation per buffer. Used only where :func:`flat_adam_is_exact`.
+    One Adam group's ``exp_avg``, ``exp_avg_sq`` and ``step`` as views of one buffer each, one operation per buffer.
 
     :param params: the group's parameters with gradients (contiguous, one device and dtype, the same step count)
     :param state: ``optimizer.state``
@@ -188,11 +181,7 @@ class FlatAdamGroup:
 
 @functools.lru_cache(maxsize=64)
 def flat_adam_is_exact(sizes: tuple[int, ...], dtype: th.dtype, device: th.device) -> bool:
-    """
-    Whether :meth:`FlatAdamGroup.step` gives torch's multi-tensor Adam's bits for parameters of these sizes here (a
-    kernel's vector loop and scalar tail may round differently, and the tails fall elsewhere in one buffer): both run
-    three steps from the same random values, spread over many binades, and every bit is compared.
-    """
+    """Whether :meth:`FlatAdamGroup.step` gives torch's multi-tensor Adam's bits for these sizes (three steps compared)."""
     generator = th.Generator().manual_seed(0)
 
     def draw(scale: float, positive: bool = False) -> list[th.Tensor]:
@@ -233,11 +222,8 @@ def _same_bits(a: th.Tensor, b: th.Tensor) -> bool:
 
 class OptimizerStep:
     """
-    One update's ``optimizer.zero_grad()``, ``clip_grad_norm_(parameters, max_norm)`` and ``optimizer.step()``, with
-    torch's tensor operations in torch's order without its per-call Python work (bit for bit), Adam's multi-tensor
-    step on flat buffers (:class:`FlatAdamGroup`). Any other optimizer or setting, a ``step`` or ``zero_grad`` set on
-    the instance, an optimizer hook, Adam's first step, a replacement of any function below SB3's three calls, and
-    torch's profiler take torch's own calls.
+    One update's ``zero_grad()``, ``clip_grad_norm_`` and ``step()`` with torch's tensor operations (bit for bit), Adam
+    on flat buffers; anything else (other optimizers, hooks, patches, the profiler) takes torch's own calls.
 
     :param optimizer: the policy's optimizer
     :param parameters: the parameters whose gradients are clipped
@@ -311,10 +297,7 @@ class OptimizerStep:
 def flat_adam_group(
     layouts: dict[int, FlatAdamGroup], index: int, params: list[th.Tensor], state: dict
 ) -> FlatAdamGroup | None:
-    """
-    The flat layout of group ``index`` for this step, kept in ``layouts``: laid out afresh where the state was replaced
-    (``load_state_dict``) or the parameters with gradients changed; ``None`` where it cannot be (torch's step then).
-    """
+    """The flat layout of group ``index``, kept in ``layouts`` while intact; ``None``: torch's step."""
     flat = layouts.get(index)
     if flat is not None and flat.intact(params, state):
         return flat
@@ -394,10 +377,7 @@ def _run_steps(steps: tuple | list, x: th.Tensor) -> th.Tensor:
 
 
 def lean_call(module: nn.Module, x: th.Tensor) -> th.Tensor:
-    """
-    ``module(x)`` for SB3's layers (``nn.Sequential`` of ``nn.Linear`` and ``ReLU``/``Tanh``) through the functions
-    their ``forward`` calls: the same values and autograd graph. Other modules, and hooks, take ``module(x)``.
-    """
+    """``module(x)`` for SB3's layers through their functions (same values and graph); others and hooks: ``module(x)``."""
     modules: list[nn.Module] = []
     steps = _plan_steps(module, modules)
     if steps is None or _runs_global_hooks() or any(_runs_own_hooks(m) for m in modules):
@@ -408,10 +388,7 @@ def lean_call(module: nn.Module, x: th.Tensor) -> th.Tensor:
 def lean_lstm(
     lstm: nn.LSTM, x: th.Tensor, states: tuple[th.Tensor, th.Tensor], weights: list[th.Tensor] | None = None
 ) -> tuple[th.Tensor, tuple[th.Tensor, th.Tensor]]:
-    """
-    ``lstm(x, states)`` (3-D input, both states) through the ``torch.lstm`` call of ``nn.LSTM.forward``, without its
-    per-call checks; a subclass, hooks and other inputs go through the module. ``weights``: :func:`lstm_weights`.
-    """
+    """``lstm(x, states)`` through ``torch.lstm`` (3-D input); a subclass, hooks and other inputs go through the module."""
     if type(lstm) is not nn.LSTM or runs_hooks(lstm) or x.dim() != 3 or len(states) != 2 or states[0].dim() != 3:
         return lstm(x, states)
     output, hidden, cell = th.lstm(
@@ -462,10 +439,8 @@ class ArrayHead(NamedTuple):
 
 class ActingPlan:
     """
-    A policy's networks for one rollout collection (``policy.acting()``): the tensors and functions SB3's
-    ``FlattenExtractor``, ``MlpExtractor`` and linear heads run, in order, for a step without ``nn.Module.__call__``
-    per layer. Built only for exactly those modules on a ``Box`` (not a scaled image), ``Discrete`` or ``MultiBinary``
-    observation space; used only while none of its modules would run a hook (checked at each step).
+    A policy's SB3 ``FlattenExtractor``, ``MlpExtractor`` and linear heads as tensors and functions for one rollout
+    collection (``policy.acting()``), used while none of its modules would run a hook.
     """
 
     def __init__(
@@ -476,7 +451,6 @@ class ActingPlan:
         self._pointers = [t.data_ptr() for t in self.tensors]
         self._addmm: list[tuple] | None = None
         self._arrays: ArrayPlan | bool | None = False  # not built yet
-        #: what the Gaussian head computes once per collection (:func:`step_scale`, :func:`array_step`)
         self.head: StepScale | None = None
         self.array_head: ArrayHead | None = None
 
@@ -589,10 +563,7 @@ def step_outputs(policy: Policy, obs: th.Tensor) -> tuple[th.Tensor, th.Tensor, 
 
 
 def step_scale(policy: Policy, head: th.Tensor) -> tuple[th.Tensor, tuple[th.Tensor, th.Tensor] | None]:
-    """
-    The state-independent Gaussian's scale (SB3: ``ones_like(head) * exp(log_std)``) and, in a collection's plan on a
-    CPU without autograd, its log-probability terms, reused while ``log_std`` keeps its memory and bytes.
-    """
+    """The state-independent Gaussian's scale and (in a CPU plan without autograd) its cached log-probability terms."""
     plan, log_std = policy._acting_plan, policy.log_std
     if plan is None or th.is_grad_enabled() or log_std.device.type != "cpu":
         return log_std.exp().expand_as(head), None
@@ -611,10 +582,7 @@ def sde_scale(policy: Policy, latent_pi: th.Tensor) -> tuple[th.Tensor, th.Tenso
 
 
 def array_step(policy: Policy, obs: th.Tensor, deterministic: bool) -> Step | None:
-    """
-    The fast mode's step of a state-independent Gaussian head in NumPy (torch's draw, the log-probability from the
-    draw); ``None`` outside a collection's plan, where it cannot run in NumPy, with autograd or hooks.
-    """
+    """The fast mode's NumPy step of a state-independent Gaussian head; ``None`` where it cannot run."""
     plan = policy._acting_plan
     if plan is None or th.is_grad_enabled() or not plan.usable():
         return None
@@ -622,7 +590,7 @@ def array_step(policy: Policy, obs: th.Tensor, deterministic: bool) -> Step | No
     if arrays is None:
         return None
     head = plan.array_head
-    if head is None or not head.log_std.unchanged():  # once per collection, unless log_std changes
+    if head is None or not head.log_std.unchanged():
         snapshot = TensorSnapshot(policy.log_std)
         log_half_range_sum = policy._log_half_range_sum if policy.squash_output else None
         constant = gaussian_log_prob_constant(snapshot.array, log_half_range_sum)
@@ -667,10 +635,7 @@ def direct_step(
 
 
 def direct_scores(policy: Policy, obs: th.Tensor, actions: th.Tensor, entropy_requires_grad: bool) -> Scores | None:
-    """
-    A minibatch's scores for the Gaussian heads (squashed or not, gSDE or not) with the operations of SB3's and
-    torch's distributions, without building them (the same bits and draws); ``None`` for the other heads.
-    """
+    """A minibatch's scores for the Gaussian heads without distribution objects (same bits); ``None`` for others."""
     kind = policy.direct_head()
     if kind not in ("gaussian", "sde") or policy.state_dependent_std:
         return None
