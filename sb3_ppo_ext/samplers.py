@@ -1,8 +1,4 @@
-"""Optuna search space of PPOExt, MaskablePPOExt and RecurrentPPOExt, for rl-zoo3 (``-optimize``) or plain Optuna.
-
-Stock PPO's space in rl-zoo3 plus PPOExt's objective, value-clip mode, action head and per-network learning rates,
-define-by-run and in rl-zoo3's yml form; the converters replay it, :func:`params_from_zoo_entry` inverts it.
-"""
+"""Optuna search space of PPOExt, MaskablePPOExt and RecurrentPPOExt, for rl-zoo3 (``-optimize``) or plain Optuna."""
 
 from __future__ import annotations
 
@@ -127,8 +123,7 @@ def _network_learning_rates(learning_rate: float | str, ratio: float) -> dict[st
 
 def sample_zoo_form(trial: optuna.trial.BaseTrial, continuous: bool = True, recurrent: bool = False) -> dict[str, Any]:
     """
-    One configuration in rl-zoo3's yml form; derived values are recorded with ``trial.set_user_attr``. With
-    ``separate_lr`` the critic learns at ``lr_vf_ratio`` times the actor's rate (``learning_rates``).
+    One configuration in rl-zoo3's yml form; derived values are recorded with ``trial.set_user_attr``.
 
     :param trial: an Optuna trial (or ``optuna.trial.FixedTrial`` to replay a trial's params)
     :param continuous: whether the action space is ``Box`` (adds the action-head parameters)
@@ -183,9 +178,8 @@ def _power_of_two(name: str, value: Any, low: int, high: int) -> int:
 
 def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dict[str, Any]:
     """
-    The trial ``params`` that :func:`convert_zoo_params` replays to a yml entry's values (to enqueue the shipped
-    settings in a study); a value outside the space is an :class:`~sb3_ppo_ext.validation.InvalidSettingError`,
-    except ``ent_coef: 0.0`` (the space's ``1e-8``). Keys the space does not sample are left out.
+    The trial ``params`` that :func:`convert_zoo_params` replays to a yml entry's values (keys outside the space left out);
+    a value outside the space is an :class:`InvalidSettingError`, except ``ent_coef: 0.0`` (the space's ``1e-8``).
 
     :param entry: settings in rl-zoo3's yml form
     :param continuous: whether the env's action space is ``Box``

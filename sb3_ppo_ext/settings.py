@@ -1,8 +1,4 @@
-"""Settings entries in rl-zoo3's yml form, checked whole before anything runs, and this package's algorithms for rl-zoo3.
-
-Each key is judged by its row of :mod:`sb3_ppo_ext.validation` (unknown ones get the closest valid name). yml files
-are read with ``yaml.safe_load``; a string ``policy_kwargs`` / ``normalize`` is only parsed (``ast``).
-"""
+"""Settings entries in rl-zoo3's yml form, checked whole before anything runs, and this package's algorithms for rl-zoo3."""
 
 from __future__ import annotations
 
@@ -100,10 +96,7 @@ _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 def _kwargs_expression(text: str, key: str) -> tuple[dict[str, object] | None, str | None]:
-    """
-    The keywords (and literal values) of a ``dict(a=1, ...)`` / ``{"a": 1}`` string; ``(None, None)`` for
-    another kind of expression, ``(None, problem)`` if it is not Python.
-    """
+    """The keywords and literal values of a ``dict(...)`` / ``{...}`` string, or ``(None, problem or None)``."""
     try:
         tree = ast.parse(text.strip(), mode="eval").body
     except SyntaxError as error:

@@ -1,8 +1,4 @@
-"""The one table of parameter rules (:data:`ALGORITHM_RULES`, :data:`POLICY_KWARG_RULES`) and its validators.
-
-The algorithms apply it with :func:`check_arguments`, the policies with :func:`check_policy_kwargs`, the settings
-check key by key, ``ParameterScheduler`` with :func:`scheduled_value_problem`; each raises :class:`InvalidSettingError`.
-"""
+"""The one table of parameter rules (:data:`ALGORITHM_RULES`, :data:`POLICY_KWARG_RULES`) and its validators."""
 
 from __future__ import annotations
 
@@ -195,8 +191,7 @@ ENTROPY_ESTIMATORS = ("sample", "gaussian", "mc")
 ACTION_DISTS = ("gaussian", "beta")
 DEFAULT_LOG_STD_BOUNDS = (-5.0, 2.0)
 
-# Every checked argument of the algorithms (PPO's, in PPO's order, then PPOExt's own). A float is not an
-# int; inf is PPO's "no gradient clipping" and "no early stop".
+# Every checked argument of the algorithms (PPO's, in PPO's order, then PPOExt's own).
 ALGORITHM_RULES: dict[str, Rule] = {
     "learning_rate": Rule("real", low=0.0, strict=False, schedule=True, scheduled=(0.0, True, None)),
     "n_steps": Rule("int", low=1),
@@ -221,8 +216,7 @@ ALGORITHM_RULES: dict[str, Rule] = {
     "kl_adapt_tolerance": Rule("real", low=1.0),
     "kl_coef_bounds": Rule("pair", low=0.0),
 }
-# The algorithms' other arguments: judged by SB3 (classes, the env, logging, seeds), torch (device), the
-# buffer class (its kwargs), the algorithm (the policy alias) and POLICY_KWARG_RULES (policy_kwargs).
+# The algorithms' other arguments: judged by SB3, torch, the buffer class or POLICY_KWARG_RULES.
 UNRULED_ARGUMENTS = frozenset(
     "policy env rollout_buffer_class rollout_buffer_kwargs tensorboard_log policy_kwargs verbose seed device "
     "_init_setup_model".split()
@@ -242,10 +236,7 @@ def check_arguments(arguments: Mapping[str, Any], check_schedules: bool = True, 
 
 
 def check_together(arguments: Mapping[str, Any], n_envs: int | None = None) -> None:
-    """
-    The rules across arguments, each applied when its arguments are given: no one-sample minibatch or rollout to
-    normalise; ``vf_clip_mode='max'`` needs ``clip_range_vf``; ``kl_target`` needs ``kl_coef > 0`` within its bounds.
-    """
+    """The rules across arguments, each applied when its arguments are given."""
     get = arguments.get
     normalize, n_steps, kl_target, kl_coef = get("normalize_advantage", True), get("n_steps"), get("kl_target"), get("kl_coef")
     if normalize and get("batch_size", 2) <= 1:
@@ -379,11 +370,7 @@ def check_policy_kwargs(policy_kwargs: Mapping[str, Any], action_space: spaces.S
 
 
 def check_policy_kwargs_together(policy_kwargs: Mapping[str, Any], action_space: spaces.Space | None = None) -> None:
-    """
-    The rules across policy keyword arguments (each judged by its row) and, given ``action_space``, on it: the Beta
-    head excludes the Gaussian head's settings, a shared LSTM the critic's, ``state_dependent_std`` gSDE; the
-    squashed head alone takes ``entropy_estimator``; the ``Box`` heads need a ``Box`` space, and finite bounds to squash.
-    """
+    """The rules across policy keyword arguments (each judged by its row) and, given ``action_space``, on it."""
     get = policy_kwargs.get
     squash, state_dependent, bounds = get("squash_output"), get("state_dependent_std"), get("log_std_bounds")
     log_std_init = get("log_std_init", 0.0)

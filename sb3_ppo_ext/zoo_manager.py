@@ -1,7 +1,4 @@
-"""rl-zoo3's ``ExperimentManager`` for our algorithms, which :mod:`sb3_ppo_ext.zoo` imports once rl-zoo3's has run.
-
-Every override calls rl-zoo3's method through ``super()``; for rl-zoo3's own algorithms it does nothing else.
-"""
+"""rl-zoo3's ``ExperimentManager`` for our algorithms; each override calls rl-zoo3's through ``super()``."""
 
 from __future__ import annotations
 
@@ -36,11 +33,7 @@ if TYPE_CHECKING:
 
 
 class PPOExtExperimentManager(UPSTREAM):
-    """
-    rl-zoo3's ``ExperimentManager`` that knows this package's algorithms: their shipped yml as the default
-    ``--conf-file``, their settings checked before anything is written, ``-optimize`` on a storage with heartbeats,
-    masked evaluation, EnvPool training envs, atomic ``--save-freq`` checkpoints and ``-i`` resumed from them.
-    """
+    """rl-zoo3's ``ExperimentManager`` that knows this package's algorithms (see the guide's rl-zoo3 page)."""
 
     _sb3_ppo_ext_patched = True  # marks the installed class
     _storage: optuna.storages.RDBStorage | None = None  # -optimize's, opened by setup_experiment
@@ -54,10 +47,7 @@ class PPOExtExperimentManager(UPSTREAM):
             self.config = str(spec.hyperparams)
 
     def read_hyperparameters(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """
-        rl-zoo3's settings; for our algorithms checked before rl-zoo3 parses schedules or evaluates strings: the yml
-        entry and the ``-params`` values key by key (each mistake blamed on its source), then the merged settings.
-        """
+        """rl-zoo3's settings; for ours the yml entry and ``-params`` checked key by key first, then the merge."""
         if not support.is_ours(self.algo):
             return super().read_hyperparameters()
         algo, source = self.algo, str(self.config)
@@ -85,10 +75,7 @@ class PPOExtExperimentManager(UPSTREAM):
         return hyperparams, saved_hyperparams
 
     def _preprocess_hyperparams(self, hyperparams: dict[str, Any]) -> Any:
-        """
-        rl-zoo3's preprocessing; for ours ``env_backend`` is read, ``clip_range: null`` ("off") passes through,
-        activation names become torch classes, and ``policy_kwargs`` that rl-zoo3 evaluated or imported are checked.
-        """
+        """rl-zoo3's preprocessing; for ours also ``env_backend``, ``clip_range: null`` and evaluated ``policy_kwargs``."""
         if not support.is_ours(self.algo):
             return super()._preprocess_hyperparams(hyperparams)
         hyperparams = dict(hyperparams)
@@ -106,10 +93,7 @@ class PPOExtExperimentManager(UPSTREAM):
         return (support.resolve_activation({**processed, **off}), *rest)
 
     def setup_experiment(self) -> tuple[BaseAlgorithm, dict[str, Any]] | None:
-        """
-        rl-zoo3's ``setup_experiment``; for ours the storage of ``-optimize`` is opened first, a settings error ends the
-        command with one line, and a run folder made by a failed run is removed (it would be the "latest" run).
-        """
+        """rl-zoo3's ``setup_experiment``; for ours a settings error ends the command, its run folder removed."""
         if not support.is_ours(self.algo):
             return super().setup_experiment()
         log_existed, existed = os.path.exists(self.log_path), os.path.exists(self.save_path)
@@ -133,10 +117,7 @@ class PPOExtExperimentManager(UPSTREAM):
         return super().load_trial(storage, study_name, trial_id, convert)
 
     def hyperparameters_optimization(self) -> None:
-        """
-        rl-zoo3's ``-optimize``; for ours on the storage of :func:`check_storage` (``--max-total-trials`` counts no dead
-        worker's trial), masked trials evaluated with masks, and a run folder without a model removed afterwards.
-        """
+        """rl-zoo3's ``-optimize``; for ours on :func:`check_storage`'s storage, and no model-less run folder left."""
         if not support.is_ours(self.algo):
             super().hyperparameters_optimization()
             return
@@ -153,7 +134,6 @@ class PPOExtExperimentManager(UPSTREAM):
                 super().hyperparameters_optimization()
         finally:
             self.storage = url
-            # setup_experiment made a run folder (monitor files only): left, it would be the "latest" run enjoy loads.
             if not any(name.endswith(".zip") for *_, files in os.walk(self.save_path) for name in files):
                 shutil.rmtree(self.save_path, ignore_errors=True)
 
@@ -199,11 +179,7 @@ class PPOExtExperimentManager(UPSTREAM):
 
 
 def check_storage(storage: str | None) -> optuna.storages.RDBStorage | None:
-    """
-    The database ``storage`` opened by :func:`sb3_ppo_ext.storage.make_storage` with Optuna's heartbeat (interval and
-    grace period: ``SB3_PPO_EXT_HEARTBEAT_INTERVAL``, ``SB3_PPO_EXT_GRACE_PERIOD``), or a ``ZooConfigError``; None
-    without one or for a journal file (rl-zoo3 opens those).
-    """
+    """The database ``storage`` opened with Optuna's heartbeat, or a ``ZooConfigError``; None for none or a journal file."""
     if storage is None or storage.endswith(".log"):
         return None
     try:
@@ -217,8 +193,7 @@ def check_storage(storage: str | None) -> optuna.storages.RDBStorage | None:
 
 class TrialBudgetCallback:
     """
-    rl-zoo3's ``MaxTrialsCallback`` (``--max-total-trials``) for a storage with heartbeats: stops the study once
-    :meth:`count`, which counts no dead worker's trial, reaches ``n_trials``.
+    rl-zoo3's ``MaxTrialsCallback`` for a storage with heartbeats: stops the study once :meth:`count` reaches ``n_trials``.
 
     :param poll_seconds: seconds between two checks while other trials run (the heartbeat interval)
     :param n_trials: the budget
@@ -233,11 +208,7 @@ class TrialBudgetCallback:
             study.stop()
 
     def count(self, study: optuna.Study) -> int:
-        """
-        The trials of ``study`` in ``states``, once no dead worker's trial is among them: stale trials are failed first
-        (the storage's retry callback re-queues them); while the count reaches ``n_trials`` only with RUNNING trials,
-        wait until each has finished or gone stale, so that the study ends with ``n_trials`` finished trials.
-        """
+        """The trials of ``study`` in ``states``, stale ones failed first, waiting while RUNNING ones complete the count."""
         announced = False
         while True:
             with warnings.catch_warnings():  # fail_stale_trials is marked experimental
@@ -257,10 +228,7 @@ class TrialBudgetCallback:
 
 
 def settle_trial_budget(storage: optuna.storages.RDBStorage, study_name: str | None, n_trials: int) -> None:
-    """
-    Before rl-zoo3's first ``--max-total-trials`` count (COMPLETE, RUNNING and PRUNED trials) on a storage with
-    heartbeats: fail a dead worker's trials of the study and wait for running ones (Ctrl-C ends the wait).
-    """
+    """Before rl-zoo3's first ``--max-total-trials`` count: fail dead workers' trials, wait for running ones."""
     interval = storage.get_heartbeat_interval()
     if study_name is None or not interval:
         return
@@ -274,10 +242,7 @@ class MaskableTrialEvalCallback(TrialEvalCallback, MaskableEvalCallback):
 
 
 class _OpenedStorage(optuna.storages._CachedStorage):
-    """
-    The opened storage (Optuna's cache over it, as ``create_study`` wraps one) in the place of the ``--storage`` URL
-    for rl-zoo3's ``-optimize``, which tests ``storage.endswith(".log")``, then hands it to ``optuna.create_study``.
-    """
+    """The opened storage (cached, as ``create_study`` wraps one) standing in for the ``--storage`` URL in rl-zoo3."""
 
     def __init__(self, storage: optuna.storages.RDBStorage, url: str):
         super().__init__(storage)
@@ -292,10 +257,7 @@ class _OpenedStorage(optuna.storages._CachedStorage):
 
 @contextlib.contextmanager
 def _rl_zoo3_classes(algo: str, **names: Any) -> Iterator[None]:
-    """
-    ``rl_zoo3.exp_manager``'s classes ``names`` (and for a masked algorithm its evaluation callbacks, by ones reading the
-    eval env's masks) replaced during one call: rl-zoo3 builds its callbacks from these names, with nothing to choose.
-    """
+    """``rl_zoo3.exp_manager``'s classes ``names`` (masked evaluation for a masked algorithm) replaced during one call."""
     if support.is_masked(algo):
         names.update(EvalCallback=MaskableEvalCallback, TrialEvalCallback=MaskableTrialEvalCallback)
     originals = {name: getattr(_exp_manager, name) for name in names}
@@ -341,10 +303,7 @@ def _checked_env_backend(manager: UPSTREAM, backend: str, hyperparams: dict[str,
 
 
 def _envpool_env(manager: UPSTREAM, n_envs: int) -> VecEnv:
-    """
-    ``env_backend: envpool``'s training env, with rl-zoo3's ``vec_env_wrapper``, ``VecNormalize`` and ``frame_stack``
-    (no ``VecMonitor``: it would break ``sync_envs_normalization``, which walks both envs' wrappers in step).
-    """
+    """``env_backend: envpool``'s training env with rl-zoo3's wrappers (no ``VecMonitor``: it breaks normalization sync)."""
     env: VecEnv = EnvPoolVecEnv(manager.env_name.gym_id, n_envs, seed=manager.seed, **manager.env_kwargs)
     if manager.vec_env_wrapper is not None:
         env = manager.vec_env_wrapper(env)
