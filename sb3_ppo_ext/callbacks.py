@@ -1,5 +1,4 @@
-"""Callbacks for on-policy training: KL-adaptive learning rate, schedules, health guard, action monitor, Optuna pruning,
-TensorBoard hyperparameters (the callbacks guide). Importing this module does not import optuna."""
+"""Callbacks for on-policy training (the callbacks guide); importing this module does not import optuna."""
 
 from __future__ import annotations
 
@@ -43,15 +42,12 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 def _tensorboard_writer(callback: BaseCallback) -> SummaryWriter | None:
     """The SummaryWriter of the model's logger, or None when no TensorBoard output is configured."""
-    for output_format in callback.logger.output_formats:
-        if isinstance(output_format, TensorBoardOutputFormat):
-            return output_format.writer
-    return None
+    formats = callback.logger.output_formats
+    return next((output.writer for output in formats if isinstance(output, TensorBoardOutputFormat)), None)
 
 
 class _AfterUpdateCallback(BaseCallback):
-    """Base of callbacks acting after each update: SB3 has no hook after ``train()``, so :meth:`_on_update_end` runs
-    at the next ``on_rollout_start`` or at ``on_training_end``, with the update's ``train/`` records in the logger."""
+    """Runs ``_on_update_end`` after each update (at the next rollout start or training end), with its ``train/`` records."""
 
     def __init__(self, kl_key: str | None, verbose: int):
         super().__init__(verbose=verbose)
@@ -77,8 +73,7 @@ class _AfterUpdateCallback(BaseCallback):
     def _on_rollout_start(self) -> None:
         self._check_update()
 
-    def _on_training_end(self) -> None:
-        self._check_update()
+    _on_training_end = _on_rollout_start
 
     def _on_update_end(self) -> None:
         pass
@@ -89,8 +84,7 @@ class _AfterUpdateCallback(BaseCallback):
 
 class KLAdaptiveLR(_AfterUpdateCallback):
     """
-    Learning rate driven by the KL measured after each update (rl_games, skrl); the adapted constant replaces
-    ``model.learning_rate`` and ``model.lr_schedule``.
+    Learning rate driven by the KL measured after each update (rl_games); it replaces ``model.lr_schedule``.
 
     :param target_kl: target KL per update, > 0
     :param kl_factor: tolerance band around the target (rl_games: 2), > 1
@@ -120,7 +114,6 @@ class KLAdaptiveLR(_AfterUpdateCallback):
         if self.max_lr < self.min_lr:
             raise InvalidSettingError(f"max_lr={max_lr!r} is invalid: expected max_lr >= min_lr={min_lr!r}")
         self.learning_rate = float("nan")
-        self._vf_ratio: float | None = None
 
     def _init_callback(self) -> None:
         super()._init_callback()
@@ -128,7 +121,7 @@ class KLAdaptiveLR(_AfterUpdateCallback):
         schedules = getattr(self.model.policy, "learning_rate_schedules", None)
         if schedules is None:
             current = float(self.model.lr_schedule(progress))
-            self._vf_ratio = None
+            self._vf_ratio: float | None = None
         else:
             current = float(schedules["pi"](progress))
             self._vf_ratio = float(schedules["vf"](1.0)) / float(schedules["pi"](1.0))
@@ -172,8 +165,7 @@ class ParameterScheduler(BaseCallback):
     """
     Schedules for numeric training attributes, set before each ``train()`` and logged as ``schedule/<name>``.
 
-    :param schedules: attribute name to a :class:`ParameterSchedule`, a dict of its keywords, or an SB3-style
-        callable of the progress remaining (from 1 to 0)
+    :param schedules: attribute name to a :class:`ParameterSchedule`, its keywords, or a callable of progress remaining
     :param verbose: 1 prints the values at each update
     """
 
@@ -275,8 +267,7 @@ class HealthEvent(NamedTuple):
 
 class TrainingHealthGuard(_AfterUpdateCallback):
     """
-    Watches a run for signs it has gone bad (``non_finite``, ``kl``, ``entropy``, ``clip_fraction``, ``value_loss``)
-    and logs, warns, or saves the model (:func:`sb3_ppo_ext.reliability.save_checkpoint`) and stops.
+    Watches a run for signs it has gone bad and logs, warns, or saves the model (:func:`save_checkpoint`) and stops.
 
     :param responses: condition to ``log``, ``warn`` or ``stop``, over the defaults (``non_finite``: ``stop``, else ``warn``)
     :param kl_target: KL target of the ``kl`` check; ``None`` takes the model's ``target_kl``, else ``kl_target``
@@ -328,20 +319,17 @@ class TrainingHealthGuard(_AfterUpdateCallback):
         self.stopped_by: str | None = None
         self.checkpoint_path: str | None = None
         self.vec_normalize_path: str | None = None
-        self._stop_pending = False
         self._value_losses: deque[float] = deque(maxlen=value_loss_window)
         self._statistics: dict[str, RunningMeanStd | dict[str, RunningMeanStd]] = {}
 
     def _init_callback(self) -> None:
         super()._init_callback()
-        model_targets = (getattr(self.model, "target_kl", 0.0), getattr(self.model, "kl_target", 0.0))
-        self._kl_target = self.kl_target or next(
-            (float(value) for value in model_targets if is_real(value) and value > 0), None
-        )
+        targets = (getattr(self.model, "target_kl", 0.0), getattr(self.model, "kl_target", 0.0))
+        self._kl_target = self.kl_target or next((float(value) for value in targets if is_real(value) and value > 0), None)
         self._stop_pending = False
 
     def _check_update(self) -> None:
-        # A copy of the VecNormalize statistics (a few arrays), which a bad step reaches before the guard sees it.
+        # A copy of the VecNormalize statistics, which a bad step reaches before the guard sees it.
         stats = self.model.get_vec_normalize_env()
         self._statistics = {}
         for name in ("obs_rms", "ret_rms") if stats is not None else ():
@@ -392,8 +380,7 @@ class TrainingHealthGuard(_AfterUpdateCallback):
         return not self._stop_pending
 
     def _step_problem(self) -> tuple[float, str] | None:
-        """NaN / inf in the step's observations, rewards or values, or values whose squared return bound
-        (``max|reward| * horizon + max|value|``) over a minibatch overflows float32; as ``(value, message)``."""
+        """``(value, message)`` for non-finite step data, or returns whose squares over a minibatch overflow float32."""
         if non_finite_entries(self.locals.get("new_obs")):
             return float("nan"), "non-finite new_obs from the environment or policy"
         rewards = np.abs(np.asarray(self.locals.get("rewards", 0.0), dtype=np.float64))
@@ -447,8 +434,7 @@ class TrainingHealthGuard(_AfterUpdateCallback):
 
 class ActionMonitor(BaseCallback):
     """
-    Per-rollout, per-dimension statistics of the actions the env received (``Box`` spaces), logged as ``actions/...``
-    and kept in :attr:`last_stats`, with TensorBoard histograms.
+    Per-rollout, per-dimension statistics of the ``Box`` actions the env received: ``actions/...``, :attr:`last_stats`.
 
     :param bound_tolerance: distance to a bound that counts as at the bound, as a fraction of the range, in [0, 0.5)
     :param histograms: whether to write TensorBoard histograms when a TensorBoard logger is configured
@@ -488,8 +474,7 @@ class ActionMonitor(BaseCallback):
         return {name: getattr(actions, name)(axis=0) for name in ("mean", "std", "min", "max")}
 
     def action_stats(self, actions: np.ndarray) -> dict[str, np.ndarray]:
-        """``mean``, ``std``, ``min``, ``max``, ``at_low``, ``at_high``, ``at_bounds`` per dimension of ``actions``
-        (shape ``(n, action_dim)``), and ``at_bounds_all`` over all."""
+        """Moments and ``at_low`` / ``at_high`` / ``at_bounds`` fractions per dimension of ``actions``, ``at_bounds_all``."""
         margin = self.bound_tolerance * (self._high - self._low)  # SB3 requires finite bounds for Box actions
         at_low, at_high = actions <= self._low + margin, actions >= self._high - margin
         at_bounds = at_low | at_high
@@ -520,8 +505,7 @@ class ActionMonitor(BaseCallback):
 
 class OptunaPruningCallback(EvalCallback):
     """
-    ``EvalCallback`` reporting its ``i``-th mean reward to an Optuna trial as step ``i``; it stops training when the
-    trial's pruner says so (:attr:`is_pruned`).
+    ``EvalCallback`` reporting its ``i``-th mean reward to an Optuna trial as step ``i``, stopping when pruned.
 
     :param trial: the ``optuna.Trial`` to report to
     :param eval_env: the environment used for evaluation
@@ -624,10 +608,7 @@ class HParamsCallback(BaseCallback):
     def hparam_dict(self) -> dict[str, bool | int | float | str]:
         """The hyperparameters recorded for the model."""
         values = {name: getattr(self.model, name) for name in self.hparams if hasattr(self.model, name)}
-        return {
-            "algo": type(self.model).__name__,
-            **{k: _hparam_value(v) for k, v in {**values, **self.extra_hparams}.items()},
-        }
+        return {"algo": type(self.model).__name__, **{k: _hparam_value(v) for k, v in (values | self.extra_hparams).items()}}
 
     def _on_training_start(self) -> None:
         if _tensorboard_writer(self) is None:
@@ -637,8 +618,7 @@ class HParamsCallback(BaseCallback):
         self.logger.record("hparams", HParam(self.hparam_dict(), metric_dict), exclude=("stdout", "log", "json", "csv"))
 
     def _on_rollout_end(self) -> None:
-        # The last value of each metric: the logger's (the previous update's, before the coming dump clears them),
-        # else the episodes' mean.
+        # The logger's last value (before the coming dump clears it), else the episodes' mean.
         episodes = self.model.ep_info_buffer
         for metric in self.metrics:
             key = {"rollout/ep_rew_mean": "r", "rollout/ep_len_mean": "l"}.get(metric)

@@ -1,5 +1,4 @@
-"""Fault tolerance: atomic saves, checkpoints that resume a killed run, clear errors for bad model files (the
-reliability guide). A model zip holds pickled objects: loading one runs code from it, so load only files you trust."""
+"""Atomic saves, resumable checkpoints, clear errors for bad model files; a model zip runs code: load only trusted ones."""
 
 from __future__ import annotations
 
@@ -53,8 +52,7 @@ class CheckpointWarning(RuntimeWarning):
 
 
 def non_finite_entries(value: object, name: str = "") -> list[str]:
-    """The names (``name`` extended by dict keys and list positions) of the NaN / inf tensors, arrays, numbers and
-    running statistics in ``value``, a (nested) dict / list / tuple of them; anything else counts as finite."""
+    """The names (``name[i]``, ``name.key``) of the NaN / inf arrays, numbers and statistics in nested ``value``."""
     if isinstance(value, (np.ndarray, float, np.floating)):  # first: the health guard checks each step's observations
         finite = not np.issubdtype(np.asarray(value).dtype, np.floating) or bool(np.isfinite(value).all())
     elif isinstance(value, th.Tensor):
@@ -72,8 +70,7 @@ def non_finite_entries(value: object, name: str = "") -> list[str]:
 
 
 def model_state_problems(model: BaseAlgorithm) -> list[str]:
-    """The non-finite parts of what a checkpoint of ``model`` holds (weights, optimizer state, ``VecNormalize``
-    statistics), e.g. ``["non-finite VecNormalize statistics (ret_rms.var)"]``."""
+    """The non-finite parts of ``model``'s weights, optimizer state and ``VecNormalize`` statistics, as messages."""
     stats = model.get_vec_normalize_env()
     found = {
         "weights or optimizer state": non_finite_entries(model.get_parameters()),
@@ -147,9 +144,8 @@ class AtomicCheckpointCallback(CheckpointCallback):
         keep_last: int | None = None,
         verbose: int = 0,
     ):
-        keep_last = None if keep_last is None else check_int("keep_last", keep_last)
         super().__init__(save_freq, save_path, name_prefix=name_prefix, save_vecnormalize=save_vecnormalize, verbose=verbose)
-        self.keep_last = keep_last
+        self.keep_last = None if keep_last is None else check_int("keep_last", keep_last)
 
     def _on_step(self) -> bool:
         if self.n_calls % self.save_freq == 0:
@@ -179,9 +175,7 @@ def _statistics_name(name_prefix: str, timesteps: int) -> str:
 def save_checkpoint(
     model: BaseAlgorithm, save_path: str | os.PathLike[str], name_prefix: str = "rl_model", save_vecnormalize: bool = True
 ) -> Checkpoint | None:
-    """Write ``model`` atomically as ``<save_path>/<name_prefix>_<steps>_steps.zip``, after its ``VecNormalize``
-    statistics (``<name_prefix>_vecnormalize_<steps>_steps.pkl``), as SB3's ``CheckpointCallback`` names them; or,
-    when :func:`model_state_problems` finds any, nothing but a :class:`CheckpointWarning`. Return what was written."""
+    """Write ``model`` and its statistics atomically, named as by SB3's ``CheckpointCallback``; warn instead if unsound."""
     problems = model_state_problems(model)
     if problems:
         message = f"checkpoint at {model.num_timesteps} steps not written: {'; '.join(problems)}"
@@ -214,8 +208,7 @@ def list_checkpoints(save_path: str | os.PathLike[str], name_prefix: str = "rl_m
 
 def latest_checkpoint(save_path: str | os.PathLike[str], name_prefix: str = "rl_model") -> Checkpoint | None:
     """The newest checkpoint in ``save_path`` (unchecked), or None."""
-    checkpoints = list_checkpoints(save_path, name_prefix)
-    return checkpoints[-1] if checkpoints else None
+    return next(reversed(list_checkpoints(save_path, name_prefix)), None)
 
 
 def _load_checkpoint(
@@ -226,8 +219,7 @@ def _load_checkpoint(
     run_has_statistics: bool,
     load_kwargs: dict[str, Any],
 ) -> AlgorithmT | str:
-    """The loaded model, or why the checkpoint is unusable; the caller's mistakes (a foreign file, an env whose spaces
-    differ from the saved ones, bad ``load_kwargs``) raise."""
+    """The loaded model, or why the checkpoint is unusable; the caller's mistakes (foreign file, wrong env) raise."""
     try:
         check_model_file(checkpoint.model_path, algorithm.__name__, getattr(algorithm, "_model_families", None))
     except ForeignModelFileError:
@@ -267,8 +259,7 @@ def resume(
     :param name_prefix: the checkpoints' prefix (matched literally)
     :param load_kwargs: passed to ``algorithm.load``
     :raises FileNotFoundError: no checkpoint in ``save_path``
-    :raises ModelFileError: no usable checkpoint (the message lists each one and why), or the checkpoints were saved
-        by another algorithm family (:class:`ForeignModelFileError`)
+    :raises ModelFileError: no usable checkpoint (each listed with why), or a foreign one (:class:`ForeignModelFileError`)
     """
     checkpoints = list_checkpoints(save_path, name_prefix)
     if not checkpoints:
@@ -285,52 +276,40 @@ def resume(
     raise ModelFileError(f"resume: no usable checkpoint in {save_path}: " + "; ".join(skipped))
 
 
-# The families sharing PPO's attributes are told apart by the saved policy class's module, else (this package's
-# policies all live in sb3_ppo_ext.policies) by its name, which the class's pickle holds as a string.
-_FAMILY_OF_POLICY_MODULE = (
-    ("sb3_ppo_ext.maskable", "MaskablePPO"),
-    ("sb3_contrib.common.maskable", "MaskablePPO"),
-    ("sb3_ppo_ext.recurrent", "RecurrentPPO"),
-    ("sb3_contrib.common.recurrent", "RecurrentPPO"),
-)
-_FAMILY_OF_POLICY_NAME = (("MaskablePPOExt", "MaskablePPO"), ("RecurrentPPOExt", "RecurrentPPO"))
+# PPO-like families, told by the policy class's module, else by its name (<family>Ext) in sb3_ppo_ext.policies.
+_PPO_VARIANTS = (("MaskablePPO", "maskable"), ("RecurrentPPO", "recurrent"))
 _FAMILY_TEXT = {"on-policy": "another on-policy algorithm (A2C, ...)", "off-policy": "an off-policy algorithm (SAC, ...)"}
 
 
-class _Family(NamedTuple):
-    name: str
-    reason: str
-
-
-def _family(data: Mapping[str, Any]) -> _Family:
+def _family(data: Mapping[str, Any]) -> tuple[str, str]:
+    """The family of a model file's parsed ``data`` and the reason."""
     policy_class = data.get("policy_class")
     policy_class = policy_class if isinstance(policy_class, Mapping) else {}
     module = str(policy_class.get("__module__", ""))
-    for prefix, family in _FAMILY_OF_POLICY_MODULE:
-        if module.startswith(prefix):
-            return _Family(family, f"its policy class comes from {module}")
+    for family, part in _PPO_VARIANTS:
+        if module.startswith((f"sb3_ppo_ext.{part}", f"sb3_contrib.common.{part}")):
+            return family, f"its policy class comes from {module}"
     if module == "sb3_ppo_ext.policies":
         try:
             pickled = base64.b64decode(str(policy_class.get(":serialized:", "")))
         except binascii.Error:
             pickled = b""
-        for name, family in _FAMILY_OF_POLICY_NAME:
-            if name.encode() in pickled:
-                return _Family(family, f"its policy class is sb3_ppo_ext.policies.{name}*")
+        for family, _ in _PPO_VARIANTS:
+            if f"{family}Ext".encode() in pickled:
+                return family, f"its policy class is sb3_ppo_ext.policies.{family}Ext*"
     match = re.fullmatch(r"(?:stable_baselines3|sb3_contrib)\.(\w+)\..*", module)
     if match and match.group(1) != "common":
-        return _Family(match.group(1).upper(), f"its policy class comes from {module}")
+        return match.group(1).upper(), f"its policy class comes from {module}"
     missing = [key for key in PPO_DATA_KEYS if key not in data]
     if not missing:
-        return _Family("PPO", f"it has PPO's {', '.join(PPO_DATA_KEYS)}")
+        return "PPO", f"it has PPO's {', '.join(PPO_DATA_KEYS)}"
     family = "off-policy" if "buffer_size" in data else "on-policy" if "n_steps" in data else "unknown"
-    return _Family(family, f"it lacks {', '.join(missing)}")
+    return family, f"it lacks {', '.join(missing)}"
 
 
 def model_family(data: Mapping[str, Any]) -> str:
-    """The family (``"PPO"``, ``"MaskablePPO"``, ``"RecurrentPPO"``, ``"SAC"``, ..., ``"on-policy"``, ``"off-policy"``,
-    ``"unknown"``) whose ``save`` wrote a model file's parsed ``data`` member."""
-    return _family(data).name
+    """The family (``"PPO"``, ``"MaskablePPO"``, ``"SAC"``, ..., ``"off-policy"``, ``"unknown"``) that saved ``data``."""
+    return _family(data)[0]
 
 
 def _read_model_data(stream: IO[bytes] | io.BufferedIOBase, label: str, algorithm: str) -> dict[str, Any]:
@@ -341,17 +320,14 @@ def _read_model_data(stream: IO[bytes] | io.BufferedIOBase, label: str, algorith
         raise ModelFileError(f"{where} is empty (0 bytes): an interrupted copy or save?")
     stream.seek(0)
     starts_as_zip = b"PK\x03\x04".startswith(stream.read(4))  # a file cut within its first 4 bytes too
-    truncated = (
-        f"{where} is truncated or corrupt: it starts as a zip archive, but its end (its directory) is missing or damaged"
-    )
+    cut = f"{where} is truncated or corrupt: it starts as a zip archive, but its end (its directory) is missing or damaged"
     try:
         with zipfile.ZipFile(stream) as archive:
-            # SB3 stores its .pth members uncompressed, and each is itself a zip archive: in a cut file zipfile
-            # finds a member's directory. The file's own directory ends the file and lists a member at offset 0.
+            # A cut file may show a (zip) .pth member's directory; the file's own ends it and lists offset 0.
             stream.seek(max(size - 22 - len(archive.comment), 0))
             first_offset = min((info.header_offset for info in archive.infolist()), default=0)
             if starts_as_zip and (stream.read(4) != b"PK\x05\x06" or first_offset != 0):
-                raise ModelFileError(f"{truncated} (the only directory found is that of a member archive)")
+                raise ModelFileError(f"{cut} (the only directory found is that of a member archive)")
             broken = archive.testzip()
             if broken is not None:
                 raise ModelFileError(f"{where} is corrupt: member {broken!r} fails its CRC check")
@@ -363,7 +339,7 @@ def _read_model_data(stream: IO[bytes] | io.BufferedIOBase, label: str, algorith
             raw = archive.read("data")
     except zipfile.BadZipFile as error:
         if starts_as_zip:
-            raise ModelFileError(f"{truncated} ({error})") from None
+            raise ModelFileError(f"{cut} ({error})") from None
         raise ModelFileError(f"{where} is not a valid zip archive: the file {label} wasn't a zip-file ({error})") from None
     except (EOFError, OSError, zipfile.LargeZipFile) as error:
         raise ModelFileError(f"{where} cannot be read ({type(error).__name__}: {error})") from None
@@ -424,8 +400,7 @@ LOADING = "_sb3_ppo_ext_loading"
 
 
 class Loading(NamedTuple):
-    """A ``load`` in progress, as ``_setup_model`` sees it: the loading class's name, the file, ``load``'s keyword
-    arguments (set over the saved attributes)."""
+    """A ``load`` in progress, as ``_setup_model`` sees it: the class's name, the file, ``load``'s keyword arguments."""
 
     algorithm: str
     label: str
@@ -435,7 +410,6 @@ class Loading(NamedTuple):
 class ModelFiles:
     """``save`` (atomic for a path) and ``load`` (checked first) of the Ext algorithms, first in their bases."""
 
-    # The model-file families (:func:`model_family`) this class loads.
     _model_families: ClassVar[frozenset[str]] = frozenset({"PPO"})
 
     def save(
@@ -468,12 +442,10 @@ class ModelFiles:
         force_reset: bool = True,
         **kwargs: Any,
     ) -> Any:
-        """SB3's ``load``, raising :class:`ModelFileError` for a bad file (:func:`check_model_file`) or an ``env``
-        whose spaces differ from the saved ones. The upstream algorithm's files load (the extras at their defaults)."""
+        """SB3's ``load``, raising :class:`ModelFileError` for a bad file (:func:`check_model_file`) or ``env``."""
         path = check_model_file(path, cls.__name__, cls._model_families)
         label = str(path) if isinstance(path, (str, os.PathLike)) else _label(path)
-        # ``_setup_model`` sets the keyword arguments itself, so that it knows which values are the file's;
-        # ``policy_kwargs`` also goes to SB3, which compares it with the saved one.
+        # ``_setup_model`` sets the keyword arguments; SB3 also compares ``policy_kwargs`` with the saved one.
         passed = {key: kwargs[key] for key in ("policy_kwargs",) if key in kwargs}
         try:
             loading = {LOADING: Loading(cls.__name__, label, dict(kwargs))}

@@ -1,7 +1,4 @@
-"""Optuna storage for tuning: the one place where a storage is opened (URLs, journal files, heartbeat, retries).
-
-Importing this module does not import optuna; :func:`make_storage` does.
-"""
+"""Optuna storage for tuning (URLs, journal files, heartbeat, retries); importing it does not import optuna."""
 
 from __future__ import annotations
 
@@ -26,10 +23,7 @@ class StorageError(RuntimeError):
 
 
 def _url_secrets(url: str) -> tuple[str, list[str]]:
-    """``url`` with its passwords (``user:pw@``, ``:pw@``, ``?password=pw``) masked as ``***``, and the passwords.
-
-    The user information ends at the *last* ``@``, so a raw ``@`` in a password (which should be written ``%40``)
-    shows no part of it."""
+    """``url`` with its passwords (``user:pw@`` up to the last ``@``, ``?password=pw``) masked as ``***``, and them."""
     found: list[str] = []
 
     def mask(match: re.Match[str]) -> str:
@@ -59,8 +53,7 @@ def make_storage(
     max_retry: int = MAX_RETRY,
 ) -> optuna.storages.BaseStorage | None:
     """
-    Open the Optuna storage for ``url``: in-memory (``None``), a journal file (``*.log``), or an ``RDBStorage``
-    (a SQLAlchemy URL), connected here, whose heartbeat fails and re-queues the trials of dead workers.
+    Open the Optuna storage for ``url``: in-memory (``None``), a journal file (``*.log``) or a connected ``RDBStorage``.
 
     :param url: storage URL or journal file path
     :param heartbeat_interval: seconds between heartbeats (RDB storages); None or 0 turns dead-worker detection off
