@@ -74,7 +74,7 @@ def _check(function: Callable[..., object], *args: object) -> str | None:
 
 
 def _judge(rule: Rule, name: str, value: object) -> str | None:
-    """The row's verdict on a yml value: ``lin_<x>`` is a schedule; a number in a string gets a hint."""
+    """The row's problem with a yml value: ``lin_<x>`` is a schedule; a number in a string gets a hint."""
     if rule.schedule and isinstance(value, str) and validation.linear_schedule_start(value) is not None:
         return None
     if rule.schedule and isinstance(value, str):
