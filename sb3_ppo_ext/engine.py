@@ -223,7 +223,7 @@ class ExtUpdateEngine:
         return arguments
 
     def _settings_error(self, previous: tuple[Any, Any, Any]) -> validation.InvalidSettingError | None:
-        """The constructor's problem with the settings (schedules not evaluated) and on the live beta, or ``None``."""
+        """The constructor's error for the settings (schedules not evaluated) or the live beta, or ``None``."""
         try:
             n_envs = self.n_envs if getattr(self, "env", None) is not None else None
             validation.check_arguments(self._configured_arguments(), check_schedules=False, n_envs=n_envs)
