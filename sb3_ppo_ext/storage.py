@@ -22,6 +22,11 @@ class StorageError(RuntimeError):
     """An Optuna storage could not be opened; the message names the (password-masked) URL and the reason."""
 
 
+def masked_url(url: str) -> str:
+    """``url`` with its passwords masked as ``***``."""
+    return _url_secrets(url)[0]
+
+
 def _url_secrets(url: str) -> tuple[str, list[str]]:
     """``url`` with its passwords (``user:pw@`` up to the last ``@``, ``?password=pw``) masked as ``***``, and them."""
     found: list[str] = []
@@ -51,6 +56,7 @@ def make_storage(
     heartbeat_interval: int | None = HEARTBEAT_INTERVAL,
     grace_period: int | None = None,
     max_retry: int = MAX_RETRY,
+    rdb_class: type[optuna.storages.RDBStorage] | None = None,
 ) -> optuna.storages.BaseStorage | None:
     """
     Open the Optuna storage for ``url``: in-memory (``None``), a journal file (``*.log``) or a connected ``RDBStorage``.
@@ -59,6 +65,7 @@ def make_storage(
     :param heartbeat_interval: seconds between heartbeats (RDB storages); None or 0 turns dead-worker detection off
     :param grace_period: seconds without a heartbeat after which a trial counts as dead (default: Optuna's, 2 intervals)
     :param max_retry: how many times a dead trial is re-queued
+    :param rdb_class: the class of a database URL's storage (default: ``optuna.storages.RDBStorage``)
     :return: the storage, or None for in-memory
     :raises StorageError: the storage cannot be opened
     """
@@ -98,7 +105,7 @@ def make_storage(
         while True:
             attempt += 1
             try:
-                return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **heartbeat)
+                return (rdb_class or optuna.storages.RDBStorage)(url, engine_kwargs=engine_kwargs, **heartbeat)
             except ImportError as error:
                 hint = "; for postgresql:// URLs: pip install 'sb3-ppo-ext[postgres]'" if url.startswith("postgresql") else ""
                 raise StorageError(_error_message(url, f"missing database driver ({error}){hint}")) from None

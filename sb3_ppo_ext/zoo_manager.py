@@ -26,7 +26,7 @@ from sb3_ppo_ext import zoo_support as support
 from sb3_ppo_ext.callbacks import KLAdaptiveLR
 from sb3_ppo_ext.envpool import EnvPoolVecEnv, require_envpool
 from sb3_ppo_ext.reliability import AtomicCheckpointCallback
-from sb3_ppo_ext.storage import HEARTBEAT_INTERVAL, StorageError, make_storage
+from sb3_ppo_ext.storage import HEARTBEAT_INTERVAL, StorageError, make_storage, masked_url
 
 if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
@@ -36,7 +36,7 @@ class PPOExtExperimentManager(UPSTREAM):
     """rl-zoo3's ``ExperimentManager`` that knows this package's algorithms (see the guide's rl-zoo3 page)."""
 
     _sb3_ppo_ext_patched = True  # marks the installed class
-    _storage: optuna.storages.RDBStorage | None = None  # -optimize's, opened by setup_experiment
+    _storage: ZooStorage | None = None  # -optimize's, opened by setup_experiment
     _env_backend = "gymnasium"
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -129,7 +129,7 @@ class PPOExtExperimentManager(UPSTREAM):
                 if interval and self.max_total_trials is not None:
                     settle_trial_budget(storage, self.study_name, self.max_total_trials)
                     names["MaxTrialsCallback"] = functools.partial(TrialBudgetCallback, interval)
-                self.storage = _OpenedStorage(storage, cast(str, url))  # type: ignore[assignment]
+                self.storage = storage  # type: ignore[assignment]
             with _rl_zoo3_classes(self.algo, **names):
                 super().hyperparameters_optimization()
         finally:
@@ -178,15 +178,16 @@ class PPOExtExperimentManager(UPSTREAM):
         super().learn(model)
 
 
-def check_storage(storage: str | None) -> optuna.storages.RDBStorage | None:
+def check_storage(storage: str | None) -> ZooStorage | None:
     """The database ``storage`` opened with Optuna's heartbeat, or a ``ZooConfigError``; None for none or a journal file."""
     if storage is None or storage.endswith(".log"):
         return None
     try:
         interval = int(os.environ.get("SB3_PPO_EXT_HEARTBEAT_INTERVAL", HEARTBEAT_INTERVAL))
         grace = os.environ.get("SB3_PPO_EXT_GRACE_PERIOD")
-        opened = make_storage(storage, heartbeat_interval=interval, grace_period=None if grace is None else int(grace))
-        return cast(optuna.storages.RDBStorage, opened)  # a database URL (not a journal file) opens an RDBStorage
+        grace_period = None if grace is None else int(grace)
+        opened = make_storage(storage, heartbeat_interval=interval, grace_period=grace_period, rdb_class=ZooStorage)
+        return cast(ZooStorage, opened)  # a database URL (not a journal file) opens an RDBStorage
     except (StorageError, ValueError) as error:
         raise support.ZooConfigError(str(error)) from None
 
@@ -241,18 +242,14 @@ class MaskableTrialEvalCallback(TrialEvalCallback, MaskableEvalCallback):
     """rl-zoo3's ``TrialEvalCallback`` (an ``-optimize`` trial's evaluations) evaluating with the eval env's masks."""
 
 
-class _OpenedStorage(optuna.storages._CachedStorage):
-    """The opened storage (cached, as ``create_study`` wraps one) standing in for the ``--storage`` URL in rl-zoo3."""
-
-    def __init__(self, storage: optuna.storages.RDBStorage, url: str):
-        super().__init__(storage)
-        self.url = url
+class ZooStorage(optuna.storages.RDBStorage):
+    """An ``RDBStorage`` that also reads as its URL (password masked), where rl-zoo3 handles ``--storage`` as a string."""
 
     def endswith(self, suffix: str) -> bool:
         return self.url.endswith(suffix)
 
     def __str__(self) -> str:
-        return self.url
+        return masked_url(self.url)
 
 
 @contextlib.contextmanager
