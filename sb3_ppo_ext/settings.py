@@ -175,12 +175,17 @@ def _typed(*types: type, expected: str) -> Callable[[str, object], str | None]:
     return lambda key, value: None if isinstance(value, types) else _expected(key, value, expected)
 
 
-# rl-zoo3's own keys of an entry (and env_backend, which this package's ExperimentManager reads), each with its check.
+# rl-zoo3's own keys of an entry (and env_backend, optimize_cpu_budget: this package's ExperimentManager's), each checked.
 ZOO_KEY_CHECKS: dict[str, Callable[[str, object], str | None]] = {
     "policy": _typed(str, type, expected="a policy name such as MlpPolicy"),
     "env_backend": lambda key, value: None if value in ENV_BACKENDS else _expected(key, value, f"one of {ENV_BACKENDS}"),
     "n_envs": lambda key, value: _check(validation.check_int, key, value),
     "n_timesteps": _n_timesteps_problem,
+    "optimize_cpu_budget": lambda key, value: (
+        None
+        if validation.is_real(value) and math.isfinite(value) and value > 0  # type: ignore[arg-type, operator]
+        else _expected(key, value, "a number of CPU-seconds > 0")
+    ),
     "normalize": _normalize_problem,
     "monitor_kwargs": _typed(Mapping, str, expected="a mapping"),
     "env_kwargs": _typed(Mapping, expected="a mapping"),

@@ -38,6 +38,7 @@ class PPOExtExperimentManager(UPSTREAM):
     _sb3_ppo_ext_patched = True  # marks the installed class
     _storage: ZooStorage | None = None  # -optimize's, opened by setup_experiment
     _env_backend = "gymnasium"
+    _cpu_budget: float | None = None  # the entry's optimize_cpu_budget
 
     def __init__(self, *args: Any, **kwargs: Any):
         """rl-zoo3's ``__init__``; the default ``--conf-file`` of our algorithms is the yml shipped in this package."""
@@ -80,6 +81,7 @@ class PPOExtExperimentManager(UPSTREAM):
             return super()._preprocess_hyperparams(hyperparams)
         hyperparams = dict(hyperparams)
         self._env_backend = _checked_env_backend(self, hyperparams.pop("env_backend", "gymnasium"), hyperparams)
+        self._cpu_budget = hyperparams.pop("optimize_cpu_budget", None)
         off: dict[str, Any] = {
             key: None for key in ("clip_range", "clip_range_vf") if key in hyperparams and hyperparams[key] is None
         }
@@ -117,11 +119,13 @@ class PPOExtExperimentManager(UPSTREAM):
         return super().load_trial(storage, study_name, trial_id, convert)
 
     def hyperparameters_optimization(self) -> None:
-        """rl-zoo3's ``-optimize``; for ours on :func:`check_storage`'s storage, and no model-less run folder left."""
+        """rl-zoo3's ``-optimize``; for ours on :func:`check_storage`'s storage, trials on the entry's
+        ``optimize_cpu_budget`` (:class:`CPUBudgetTrialEvalCallback`), and no model-less run folder left."""
         if not support.is_ours(self.algo):
             super().hyperparameters_optimization()
             return
-        url, names = self.storage, {}
+        url = self.storage
+        names: dict[str, Any] = {}
         try:
             storage = self._storage or check_storage(url)
             if storage is not None:
@@ -130,6 +134,11 @@ class PPOExtExperimentManager(UPSTREAM):
                     settle_trial_budget(storage, self.study_name, self.max_total_trials)
                     names["MaxTrialsCallback"] = functools.partial(TrialBudgetCallback, interval)
                 self.storage = storage  # type: ignore[assignment]
+            if self._cpu_budget is not None:
+                budget = MaskableCPUBudgetTrialEvalCallback if support.is_masked(self.algo) else CPUBudgetTrialEvalCallback
+                names["TrialEvalCallback"] = functools.partial(
+                    budget, cpu_budget=self._cpu_budget, n_evaluations=self.n_evaluations
+                )
             with _rl_zoo3_classes(self.algo, **names):
                 super().hyperparameters_optimization()
         finally:
@@ -242,6 +251,53 @@ class MaskableTrialEvalCallback(TrialEvalCallback, MaskableEvalCallback):
     """rl-zoo3's ``TrialEvalCallback`` (an ``-optimize`` trial's evaluations) evaluating with the eval env's masks."""
 
 
+class CPUBudgetTrialEvalCallback(TrialEvalCallback):
+    """
+    rl-zoo3's ``TrialEvalCallback`` on a budget of training CPU time: the trial evaluates each time another
+    ``cpu_budget / n_evaluations`` seconds of process CPU time (all threads, evaluations excluded) went into training,
+    and ends at the budget, so its score is the return reached in ``cpu_budget`` CPU-seconds. A trial that reaches
+    rl-zoo3's step budget (``-n``) first evaluates once more at its end.
+
+    :param cpu_budget: training CPU-seconds of one trial
+    :param n_evaluations: evaluations per trial (rl-zoo3's ``--n-evaluations``)
+    """
+
+    clock = staticmethod(time.process_time)
+
+    def __init__(self, *args: Any, cpu_budget: float, n_evaluations: int, **kwargs: Any):
+        super().__init__(*args, **{**kwargs, "eval_freq": 1})  # evaluations follow the clock, not the steps
+        self.cpu_budget, self.n_evaluations = float(cpu_budget), int(n_evaluations)
+        self.start = self.evaluation_cpu = 0.0
+
+    def training_cpu(self) -> float:
+        """CPU-seconds of training so far."""
+        return self.clock() - self.start - self.evaluation_cpu
+
+    def _on_training_start(self) -> None:
+        self.start = self.clock()
+
+    def _on_step(self) -> bool:
+        if self.training_cpu() < self.cpu_budget * (self.eval_idx + 1) / self.n_evaluations:
+            return True
+        return self._evaluate() and self.eval_idx < self.n_evaluations
+
+    def _evaluate(self) -> bool:
+        """rl-zoo3's evaluation, report and pruning decision (whether the trial goes on), its CPU time set apart."""
+        begin = self.clock()
+        try:
+            return super()._on_step()
+        finally:
+            self.evaluation_cpu += self.clock() - begin
+
+    def _on_training_end(self) -> None:
+        if self.eval_idx < self.n_evaluations and not self.is_pruned:
+            self._evaluate()
+
+
+class MaskableCPUBudgetTrialEvalCallback(CPUBudgetTrialEvalCallback, MaskableTrialEvalCallback):
+    """:class:`CPUBudgetTrialEvalCallback` evaluating with the eval env's masks."""
+
+
 class ZooStorage(optuna.storages.RDBStorage):
     """An ``RDBStorage`` that also reads as its URL (password masked), where rl-zoo3 handles ``--storage`` as a string."""
 
@@ -256,7 +312,7 @@ class ZooStorage(optuna.storages.RDBStorage):
 def _rl_zoo3_classes(algo: str, **names: Any) -> Iterator[None]:
     """``rl_zoo3.exp_manager``'s classes ``names`` (masked evaluation for a masked algorithm) replaced during one call."""
     if support.is_masked(algo):
-        names.update(EvalCallback=MaskableEvalCallback, TrialEvalCallback=MaskableTrialEvalCallback)
+        names = {"EvalCallback": MaskableEvalCallback, "TrialEvalCallback": MaskableTrialEvalCallback, **names}
     originals = {name: getattr(_exp_manager, name) for name in names}
     vars(_exp_manager).update(names)
     try:

@@ -292,3 +292,37 @@ def test_opened_storage_is_a_public_rdb_storage_that_reads_as_its_url(tmp_path: 
     assert masked_url("postgresql://user:se@cret@host/db") == "postgresql://user:***@host/db"
     study = optuna.create_study(storage=storage, study_name="s")
     assert optuna.load_study(study_name="s", storage=url).study_name == study.study_name
+
+
+def test_optimize_cpu_budget_scores_each_trial_at_its_training_cpu_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """
+    An entry's ``optimize_cpu_budget``: each trial evaluates at equal shares of the budget of training CPU time (its
+    evaluations not counted) and ends at the budget, long before rl-zoo3's step budget; the trial's value is the return
+    of the evaluation at the budget. A bad budget is a settings error naming the key.
+    """
+    import optuna
+
+    from sb3_ppo_ext import zoo_manager
+
+    ended: list[zoo_manager.CPUBudgetTrialEvalCallback] = []
+    end = zoo_manager.CPUBudgetTrialEvalCallback._on_training_end
+    monkeypatch.setattr(
+        zoo_manager.CPUBudgetTrialEvalCallback, "_on_training_end", lambda self: ended.append(self) or end(self)
+    )
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    manager = _manager(
+        "ppo_ext", "Pendulum-v1", tmp_path / "logs", optimize_hyperparameters=True, storage=url, study_name="s",
+        n_trials=1, n_timesteps=10**7, n_evaluations=2, n_eval_episodes=1, sampler="random", pruner="none",
+        no_optim_plots=True, verbose=0, hyperparams={"n_envs": 1, "optimize_cpu_budget": 0.5},
+    )  # fmt: skip
+    manager.setup_experiment()
+    manager.hyperparameters_optimization()
+    (trial,) = optuna.load_study(study_name="s", storage=url).trials
+    (callback,) = ended
+    assert trial.state == optuna.trial.TrialState.COMPLETE and sorted(trial.intermediate_values) == [1, 2]
+    assert trial.value == trial.intermediate_values[2] == callback.last_mean_reward
+    assert callback.training_cpu() >= 0.5 and callback.evaluation_cpu > 0 and callback.num_timesteps < 10**6
+
+    bad = _manager("ppo_ext", "Pendulum-v1", tmp_path / "bad", hyperparams={"optimize_cpu_budget": -1})
+    with pytest.raises(SystemExit, match=r"optimize_cpu_budget=-1 .*CPU-seconds > 0"):
+        bad.setup_experiment()
