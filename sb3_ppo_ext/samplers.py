@@ -37,15 +37,18 @@ CRITIC_MEMORIES = {
 REPLAY_DEFAULTS: dict[str, object] = {"action_dist": "gaussian", "separate_lr": False}
 
 
-def _sample_rollout(trial: optuna.trial.BaseTrial) -> dict[str, Any]:
+def _sample_rollout(trial: optuna.trial.BaseTrial, n_envs: int = 1) -> dict[str, Any]:
     n_steps_pow = trial.suggest_int("n_steps_pow", 5, 11)  # 32 .. 2048 steps per env
-    # Minibatches no larger than one env's rollout, so that the batch always divides the buffer.
-    batch_size_pow = min(trial.suggest_int("batch_size_pow", 5, 9), n_steps_pow)  # 32 .. 512
+    if n_envs == 1:  # minibatches no larger than the rollout, so that the batch always divides it
+        batch_size = 2 ** min(trial.suggest_int("batch_size_pow", 5, 9), n_steps_pow)  # 32 .. 512
+    else:  # a share of the n_steps * n_envs rollout (1 .. 256 minibatches, each of at least n_envs rows)
+        n_envs = trial.suggest_int("n_envs", n_envs, n_envs)  # recorded: the params replay without the entry
+        batch_size = 2**n_steps_pow * n_envs // 2 ** min(trial.suggest_int("n_minibatches_pow", 0, 8), n_steps_pow)
     one_minus_gamma = trial.suggest_float("one_minus_gamma", 1e-4, 0.1, log=True)
     one_minus_gae_lambda = trial.suggest_float("one_minus_gae_lambda", 1e-4, 0.1, log=True)
     values = {
         "n_steps": 2**n_steps_pow,
-        "batch_size": 2**batch_size_pow,
+        "batch_size": batch_size,
         "n_epochs": trial.suggest_categorical("n_epochs", N_EPOCHS),
         "gamma": 1 - one_minus_gamma,
         "gae_lambda": 1 - one_minus_gae_lambda,
@@ -121,15 +124,23 @@ def _network_learning_rates(learning_rate: float | str, ratio: float) -> dict[st
     return {"pi": learning_rate, "vf": float(learning_rate) * ratio}
 
 
-def sample_zoo_form(trial: optuna.trial.BaseTrial, continuous: bool = True, recurrent: bool = False) -> dict[str, Any]:
+def sample_zoo_form(
+    trial: optuna.trial.BaseTrial, continuous: bool = True, recurrent: bool = False, n_envs: int = 1
+) -> dict[str, Any]:
     """
     One configuration in rl-zoo3's yml form; derived values are recorded with ``trial.set_user_attr``.
 
     :param trial: an Optuna trial (or ``optuna.trial.FixedTrial`` to replay a trial's params)
     :param continuous: whether the action space is ``Box`` (adds the action-head parameters)
     :param recurrent: whether to add RecurrentPPOExt's LSTM knobs (size, layers, the critic's memory)
+    :param n_envs: the envs of a rollout (with more than one, the minibatch is sampled as a share of the rollout)
     """
-    form = {**_sample_rollout(trial), **_sample_optimizer(trial), **_sample_objective(trial), **_sample_value_loss(trial)}
+    form = {
+        **_sample_rollout(trial, n_envs),
+        **_sample_optimizer(trial),
+        **_sample_objective(trial),
+        **_sample_value_loss(trial),
+    }
     form.update(_sample_policy(trial, continuous))
     if trial.suggest_categorical("separate_lr", [False, True]):
         ratio = trial.suggest_float("lr_vf_ratio", LR_VF_RATIOS[0], LR_VF_RATIOS[1], log=True)
@@ -143,9 +154,9 @@ def sample_zoo_form(trial: optuna.trial.BaseTrial, continuous: bool = True, recu
     return form
 
 
-def sample_ppo_ext_params(trial: optuna.Trial, continuous: bool = True) -> dict[str, Any]:
-    """PPOExt keyword arguments sampled from ``trial`` (``continuous``: Box actions), for plain Optuna."""
-    return to_algorithm_kwargs(sample_zoo_form(trial, continuous))
+def sample_ppo_ext_params(trial: optuna.Trial, continuous: bool = True, n_envs: int = 1) -> dict[str, Any]:
+    """PPOExt keyword arguments sampled from ``trial`` (``continuous``: Box actions; ``n_envs`` per rollout)."""
+    return to_algorithm_kwargs(sample_zoo_form(trial, continuous, n_envs=n_envs))
 
 
 def _replay(params: dict[str, Any], recurrent: bool = False) -> dict[str, Any]:
@@ -153,7 +164,7 @@ def _replay(params: dict[str, Any], recurrent: bool = False) -> dict[str, Any]:
     import optuna
 
     trial = optuna.trial.FixedTrial({**REPLAY_DEFAULTS, **params})
-    return sample_zoo_form(trial, continuous="squash" in params, recurrent=recurrent)
+    return sample_zoo_form(trial, continuous="squash" in params, recurrent=recurrent, n_envs=params.get("n_envs", 1))
 
 
 def ppo_ext_kwargs_from_params(params: dict[str, Any]) -> dict[str, Any]:
@@ -194,7 +205,7 @@ def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dic
         raise InvalidSettingError(f"clip_range={clip_range!r}: the search space has constant clip ranges only")
     params: dict[str, Any] = {
         "n_steps_pow": _power_of_two("n_steps", merged["n_steps"], 5, 11),
-        "batch_size_pow": _power_of_two("batch_size", merged["batch_size"], 5, 9),
+        **_minibatch_params(merged["n_steps"], merged["batch_size"], entry.get("n_envs", 1)),
         # Rounded: 1 - 0.9999 is 9.99999999999889e-05 in floating point, below the space's 1e-4.
         "one_minus_gamma": round(1.0 - float(merged["gamma"]), 12),
         "one_minus_gae_lambda": round(1.0 - float(merged["gae_lambda"]), 12),
@@ -250,6 +261,20 @@ def params_from_zoo_entry(entry: dict[str, Any], continuous: bool = True) -> dic
     return params
 
 
+def _minibatch_params(n_steps: int, batch_size: Any, n_envs: Any) -> dict[str, int]:
+    """The minibatch's params: ``batch_size_pow`` with one env, else ``n_envs`` and ``n_minibatches_pow``."""
+    if n_envs == 1:
+        return {"batch_size_pow": _power_of_two("batch_size", batch_size, 5, 9)}
+    rollout = n_steps * validation.check_int("n_envs", n_envs, low=1)
+    n_minibatches = rollout // batch_size if validation.is_int(batch_size) and batch_size > 0 else 0
+    if n_minibatches * batch_size != rollout or n_minibatches > min(n_steps, 256):
+        raise InvalidSettingError(
+            f"batch_size={batch_size!r} is not n_steps * n_envs = {rollout} divided by a power of 2 up to "
+            f"min(n_steps, 256) (the search space's)"
+        )
+    return {"n_envs": n_envs, "n_minibatches_pow": _power_of_two("n_steps * n_envs / batch_size", n_minibatches, 0, 8)}
+
+
 def _learning_rate_params(learning_rates: Any, learning_rate: Any) -> dict[str, Any]:
     """``separate_lr`` / ``lr_vf_ratio`` of an entry's ``learning_rates`` (the actor's must be ``learning_rate``)."""
     if learning_rates is None:
@@ -279,7 +304,7 @@ def _check_in_space(params: dict[str, Any], continuous: bool) -> None:
     trial = optuna.trial.FixedTrial(params)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Optuna warns about out-of-range fixed values; raised below
-        sample_zoo_form(trial, continuous)
+        sample_zoo_form(trial, continuous, n_envs=params.get("n_envs", 1))
     for name, distribution in trial.distributions.items():
         if not distribution._contains(distribution.to_internal_repr(params[name])):
             raise InvalidSettingError(f"{name}={params[name]!r} is outside the search space's {distribution}")
@@ -287,7 +312,7 @@ def _check_in_space(params: dict[str, Any], continuous: bool) -> None:
 
 def sample_zoo_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
     """rl-zoo3's ``HYPERPARAMS_SAMPLER`` of ``ppo_ext`` and ``ppo_mask_ext`` (``n_actions``: 0 unless the actions are Box)."""
-    return sample_ppo_ext_params(trial, continuous=n_actions > 0)
+    return sample_ppo_ext_params(trial, continuous=n_actions > 0, n_envs=n_envs)
 
 
 def convert_zoo_params(params: dict[str, Any]) -> dict[str, Any]:
@@ -297,7 +322,7 @@ def convert_zoo_params(params: dict[str, Any]) -> dict[str, Any]:
 
 def sample_recurrent_zoo_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
     """rl-zoo3's ``HYPERPARAMS_SAMPLER["ppo_lstm_ext"]``: the space with the LSTM's knobs."""
-    return to_algorithm_kwargs(sample_zoo_form(trial, continuous=n_actions > 0, recurrent=True))
+    return to_algorithm_kwargs(sample_zoo_form(trial, continuous=n_actions > 0, recurrent=True, n_envs=n_envs))
 
 
 def convert_recurrent_zoo_params(params: dict[str, Any]) -> dict[str, Any]:

@@ -91,12 +91,20 @@ def describe(study: optuna.Study) -> tuple[optuna.trial.FrozenTrial, optuna.tria
     return best, (shipped if shipped in complete else None), len(complete)
 
 
-def entry_yaml(env_id: str, study: optuna.Study, command: str | None, min_trials: int = MIN_TUNED_TRIALS) -> str:
+def entry_yaml(
+    env_id: str,
+    study: optuna.Study,
+    command: str | None,
+    min_trials: int = MIN_TUNED_TRIALS,
+    entry: dict[str, Any] | None = None,
+) -> str:
     """
     The yml block for ``env_id`` from the study's best trial: marked ``# Tuned`` when the study has
     at least ``min_trials`` finished (complete or pruned) trials, else ``# Candidate`` (a smaller
     study's best is a lead to validate, not a tuned entry; the report lists ``# Tuned`` entries only).
+    ``entry``: the study's starting entry (default: the shipped ``ppo_ext.yml`` one).
     """
+    shipped_entry = load_hyperparams(env_id) if entry is None else entry
     best, shipped, n_complete = describe(study)
     n_pruned = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,)))
     finished = n_complete + n_pruned
@@ -108,11 +116,11 @@ def entry_yaml(env_id: str, study: optuna.Study, command: str | None, min_trials
     if shipped is not None and best.number == shipped.number:
         # Written back as it was (same keys), so that results recorded with it stay valid.
         lines.append("#   = the shipped entry itself (enqueued as the first trial): no sampled configuration beat it")
-        entry = load_hyperparams(env_id)
+        entry = shipped_entry
     else:
         if shipped is not None:
             lines.append(f"#   (the previous shipped entry, enqueued as trial {shipped.number}: {shipped.value:.1f})")
-        entry = tuned_entry(env_id, best)
+        entry = tuned_entry(env_id, best, shipped_entry)
     if command:
         lines.append(f"#   study command: {command}")
     block = yaml.safe_dump({env_id: entry}, sort_keys=False, default_flow_style=False)
@@ -146,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--storage", required=True, help="as rl-zoo3's --storage: database URL or journal file")
     parser.add_argument("--study-name", required=True)
     parser.add_argument("--command", help="the study command to record in the # Tuned comment")
+    parser.add_argument("--conf-file", help=f"yml file of the starting entry (default: the shipped {PPO_EXT_YML.name})")
     parser.add_argument(
         "--min-trials",
         type=int,
@@ -153,18 +162,20 @@ def main(argv: list[str] | None = None) -> int:
         help="finished trials a study needs for its best entry to be marked # Tuned (else # Candidate)",
     )
     args = parser.parse_args(argv)
+    entry = None if args.conf_file is None else load_hyperparams(args.env, args.conf_file)
     if args.action == "seed":
-        study = seed_study(args.env, args.storage, args.study_name)
+        study = seed_study(args.env, args.storage, args.study_name, entry)
         waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
         print(
-            f"study {args.study_name!r}: {len(study.trials)} trials, {len(waiting)} waiting (shipped {PPO_EXT_YML.name} entry)"
+            f"study {args.study_name!r}: {len(study.trials)} trials, {len(waiting)} waiting "
+            f"(the {args.conf_file or PPO_EXT_YML.name} entry)"
         )
         return 0
     study = optuna.load_study(study_name=args.study_name, storage=make_storage(args.storage))
     if args.action == "status":
         print(study_status(study))
         return 0
-    sys.stdout.write(entry_yaml(args.env, study, args.command, args.min_trials))
+    sys.stdout.write(entry_yaml(args.env, study, args.command, args.min_trials, entry))
     return 0
 
 

@@ -22,9 +22,10 @@ from sb3_ppo_ext.samplers import (
     ppo_ext_kwargs_from_params,
     sample_ppo_ext_params,
     sample_zoo_form,
+    sample_zoo_params,
 )
 from sb3_ppo_ext.storage import StorageError, make_storage
-from sb3_ppo_ext.validation import activation_class, to_algorithm_kwargs
+from sb3_ppo_ext.validation import InvalidSettingError, activation_class, to_algorithm_kwargs
 from sb3_ppo_ext.zoo_support import ZooConfigError, check_hyperparams
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -462,3 +463,50 @@ def test_storage_retries_only_the_table_creation_race(tmp_path, monkeypatch, rac
         with pytest.raises(StorageError, match="unable to open database file"):
             make_storage(url)
         assert len(calls) == 1
+
+
+def test_many_env_rollouts_sample_the_minibatch_as_a_share_of_the_whole_rollout():
+    """With n_envs > 1 the minibatch divides n_steps * n_envs (not one env's n_steps), the trial's params replay to the
+    same settings without the entry, and the 32-env EnvPool entry seeds a study with its own minibatch of 512."""
+    import optuna
+
+    from sb3_ppo_ext.settings import HYPERPARAMS_DIR, load_hyperparams
+
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    batches = set()
+    for _ in range(60):
+        trial = study.ask()
+        kwargs = sample_zoo_params(trial, n_actions=3, n_envs=12, additional_args={})
+        rollout = kwargs["n_steps"] * 12
+        assert rollout % kwargs["batch_size"] == 0 and 12 <= kwargs["batch_size"] <= rollout
+        assert trial.params["n_envs"] == 12 and "batch_size_pow" not in trial.params
+        assert convert_zoo_params(trial.params)["batch_size"] == kwargs["batch_size"]
+        batches.add(rollout // kwargs["batch_size"])
+    assert len(batches) > 4
+    entry = load_hyperparams("Hopper-v5", HYPERPARAMS_DIR / "ppo_ext_envpool.yml")
+    assert (entry["n_envs"], entry["n_steps"], entry["batch_size"]) == (32, 64, 512)
+    assert convert_zoo_params(params_from_zoo_entry(entry))["batch_size"] == 512
+    with pytest.raises(InvalidSettingError, match=r"batch_size=100 is not n_steps \* n_envs = 192"):
+        params_from_zoo_entry({"n_envs": 3, "n_steps": 64, "batch_size": 100})
+
+
+def test_zoo_study_seeds_and_writes_back_the_entry_of_a_conf_file(tmp_path, capsys):
+    """``scripts/zoo_study.py --conf-file``: the study starts from that file's entry, and ``best`` writes it back."""
+    spec = importlib.util.spec_from_file_location(
+        "zoo_study", Path(__file__).resolve().parents[1] / "scripts" / "zoo_study.py"
+    )
+    zoo_study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(zoo_study)
+    from sb3_ppo_ext.settings import HYPERPARAMS_DIR, load_hyperparams
+
+    conf, storage = str(HYPERPARAMS_DIR / "ppo_ext_envpool.yml"), str(tmp_path / "study.log")
+    assert zoo_study.main(["seed", "--env", "Hopper-v5", "--storage", storage, "--study-name", "s", "--conf-file", conf]) == 0
+    study = optuna.load_study(study_name="s", storage=make_storage(storage))
+    trial = study.ask()  # the enqueued entry
+    assert sample_zoo_params(trial, n_actions=3, n_envs=32, additional_args={})["batch_size"] == 512
+    assert trial.params["n_envs"] == 32 and trial.params["n_minibatches_pow"] == 2
+    study.tell(trial, 1000.0)
+    capsys.readouterr()
+    zoo_study.main(["best", "--env", "Hopper-v5", "--storage", storage, "--study-name", "s", "--conf-file", conf])
+    written = yaml.safe_load(capsys.readouterr().out)["Hopper-v5"]
+    assert written == load_hyperparams("Hopper-v5", conf) and written["env_backend"] == "envpool"
