@@ -10,6 +10,7 @@ stands for (this script's replacements; the package has no switches):
     python scripts/ablation.py --workload cartpole --steps 8192 --repeats 7
     python scripts/ablation.py --workload hopper-batched --steps 16384 --repeats 5
     python scripts/ablation.py --workload recurrent --steps 2048 --repeats 5
+    python scripts/ablation.py --workload hopper --steps 4096 --repeats 7 --fast   # the fast mode's components
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from unittest import mock
 import throughput  # scripts/throughput.py, beside this script
 import torch as th
 
-from sb3_ppo_ext import RecurrentPPOExt, buffers, speed
+from sb3_ppo_ext import RecurrentPPOExt, buffers, policies, speed
 from sb3_ppo_ext.ppo_ext import PPOExt
 
 
@@ -50,6 +51,11 @@ def _upstream_samples(self, batch_inds, env=None):  # type: ignore[no-untyped-de
     return self.samples_class(*samples, old)
 
 
+def _upstream_sequences(self, features, lstm_states, episode_starts, lstm):  # type: ignore[no-untyped-def]
+    """The LSTM over padded sequences step by step, as upstream's ``_process_sequence`` runs it (no sequence pass)."""
+    return self._process_sequence(features, lstm_states, episode_starts, lstm)
+
+
 # component -> the replacements that switch it off
 ABLATIONS: dict[str, Callable[[], list]] = {
     "lean optimizer step": lambda: [mock.patch.object(speed, "OptimizerStep", _TorchsStep)],
@@ -60,8 +66,11 @@ ABLATIONS: dict[str, Callable[[], list]] = {
     "direct acting (the plan unused)": lambda: [mock.patch.object(speed, "direct_step", lambda *_, **__: None)],
     "rollout tensor cache": lambda: [mock.patch.object(buffers.PiOldBuffer, "_get_samples", _upstream_samples)],
     "lean_lstm": lambda: [mock.patch.object(speed, "lean_lstm", lambda lstm, x, states, weights=None: lstm(x, states))],
+    # the fast mode's own components (--fast); its third, fused Adam, is switched off by passing foreach=True
+    "NumPy acting step": lambda: [mock.patch.object(speed, "array_step", lambda *_, **__: None)],
+    "LSTM sequence pass": lambda: [mock.patch.object(policies.RecurrentPPOExtPolicy, "_sequence_pass", _upstream_sequences)],
 }
-PPO_COMPONENTS = [name for name in ABLATIONS if name != "lean_lstm"]
+PPO_COMPONENTS = [name for name in ABLATIONS if name not in ("lean_lstm", "NumPy acting step", "LSTM sequence pass")]
 RECURRENT_COMPONENTS = ["lean optimizer step", "flat Adam buffers", "lean_lstm"]
 
 
@@ -89,6 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--components", nargs="+", help="only these components (default: all that apply)")
+    parser.add_argument("--fast", action="store_true", help="the fast mode's components instead (fused Adam and its own step)")
     parser.add_argument("--json", metavar="PATH", help="also write the measurements to PATH")
     args = parser.parse_args(argv)
     th.set_num_threads(1)
@@ -99,6 +109,18 @@ def main(argv: list[str] | None = None) -> dict:
     off = dict(policy_kwargs=dict(squash_output=False))
     components = args.components or (RECURRENT_COMPONENTS if family == "recurrent" else PPO_COMPONENTS)
     variants = {reference: family_variants[reference], f"{ext.__name__}, squash off": (ext, off)}
+    if args.fast:
+        fast = dict(policy_kwargs=dict(squash_output=False, fast=True))
+        own_step = "LSTM sequence pass" if family == "recurrent" else "NumPy acting step"
+        unfused = dict(policy_kwargs=dict(fast["policy_kwargs"], optimizer_kwargs=dict(eps=1e-5, foreach=True)))
+        variants.update(
+            {
+                f"{ext.__name__}, fast": (ext, fast),
+                "fast without fused Adam": (ext, unfused),
+                f"fast without the {own_step}": (ablated(ext, own_step), fast),
+            }
+        )
+        components = []
     for component in components:
         variants[f"without {component}"] = (ablated(ext, component), off)
     cpu, _ = throughput.run(env_id, args.steps, n_envs, args.repeats, hyperparams, 1, variants, policy, normalize)
