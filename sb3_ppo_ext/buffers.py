@@ -106,12 +106,12 @@ class PiOldBuffer:
         finally:
             np.random.set_state(state)
 
-    def rollout_samples(self, chunk: int) -> Iterator[Any]:
-        """The whole rollout as samples of up to ``chunk`` rows, in the flattened row order, without random draws."""
+    def rollout_samples(self, chunk: int, stride: int = 1) -> Iterator[Any]:
+        """Every ``stride``-th row of the rollout (flattened order) as samples of up to ``chunk`` rows, no random draws."""
         self.prepare_rollout()
-        n_rows = self.buffer_size * self.n_envs
-        for start in range(0, n_rows, chunk):
-            yield self._rows(slice(start, min(start + chunk, n_rows)))
+        n_rows, span = self.buffer_size * self.n_envs, chunk * stride
+        for start in range(0, n_rows, span):
+            yield self._rows(slice(start, min(start + span, n_rows), stride))
 
 
 def _to_torch(buffer: Any, value: Field) -> Field:
@@ -199,8 +199,8 @@ class _RecurrentPiOld(PiOldBuffer):
             )
         return self.samples_class(*samples, old)
 
-    def rollout_samples(self, chunk: int) -> Iterator[Any]:
-        """The whole rollout as one sample of padded sequences (an LSTM pass is not cut into chunks), no random draws."""
+    def rollout_samples(self, chunk: int, stride: int = 1) -> Iterator[Any]:
+        """The whole rollout as one sample of padded sequences (an LSTM pass is neither cut nor thinned), no random draws."""
         self.prepare_rollout()
         env_change = np.zeros((self.buffer_size, self.n_envs))
         env_change[0, :] = 1.0  # a new sequence where each environment's steps begin, as upstream's ``get``

@@ -36,8 +36,11 @@ from sb3_ppo_ext.reliability import LOADING, Loading, ModelFileError
 
 # |a| (in [-1, 1] units) above which a squashed action component counts as saturated.
 SATURATION_THRESHOLD = 0.99
-# Rows per forward pass of the no-grad passes over the whole rollout (pi_old before an update, pi_new after it).
+# Rows per forward pass of the no-grad passes over the rollout (pi_old before an update, pi_new after it).
 DISTRIBUTION_CHUNK = 2048
+# Without the KL penalty the passes serve only train/kl, train/kl_max and train/std: on a larger rollout they read
+# every k-th sample, k the smallest stride that leaves at most this many.
+DIAGNOSTIC_ROWS = 2048
 
 Distributions = list[th.distributions.Distribution]
 
@@ -385,37 +388,44 @@ class ExtUpdateEngine:
         """``policy``'s (SB3) action distribution on the samples (of a minibatch, or of the whole rollout)."""
         return policy.get_distribution(samples.observations)
 
-    def _rollout_distributions(self) -> Distributions:
-        """The policy's distributions on every valid rollout sample (no grad, eval mode, the buffer's row order)."""
+    def _rollout_distributions(self, stride: int = 1) -> Distributions:
+        """The policy's distributions on every ``stride``-th valid rollout sample (no grad, eval mode, buffer row order)."""
         buffer = self.rollout_buffer
         if not isinstance(buffer, PiOldBuffer):
-            return self._flat_rollout_distributions()
+            return self._flat_rollout_distributions(stride)
         self.policy.set_training_mode(False)
         parts = []
         with th.no_grad():
-            for samples in buffer.rollout_samples(DISTRIBUTION_CHUNK):
+            for samples in buffer.rollout_samples(DISTRIBUTION_CHUNK, stride):
                 valid = self._valid_samples(samples)
                 parts.append(_valid_rows(torch_distributions(self._samples_distribution(self.policy, samples)), valid))
         return _joined(parts)
 
-    def _flat_rollout_distributions(self) -> Distributions:
+    def _flat_rollout_distributions(self, stride: int = 1) -> Distributions:
         """:meth:`_rollout_distributions` for a buffer class of the user's own, on its flattened observations."""
         obs = flat_observations(self.rollout_buffer)
         n_samples = self.rollout_buffer.buffer_size * self.rollout_buffer.n_envs
         return self._chunked_distributions(
-            n_samples, lambda index: self.policy.get_distribution(index_observations(obs, index))
+            n_samples, lambda index: self.policy.get_distribution(index_observations(obs, index)), stride
         )
 
-    def _chunked_distributions(self, n_samples: int, distribution_of: Callable[[slice], Any]) -> Distributions:
-        """Torch distributions of ``distribution_of(rows)`` over all rows, chunk by chunk, without autograd."""
+    def _chunked_distributions(
+        self, n_samples: int, distribution_of: Callable[[slice], Any], stride: int = 1
+    ) -> Distributions:
+        """Torch distributions of ``distribution_of(rows)`` over every ``stride``-th row, chunk by chunk, without autograd."""
         self.policy.set_training_mode(False)
+        span = DISTRIBUTION_CHUNK * stride
         with th.no_grad():
             return _joined(
                 [
-                    torch_distributions(distribution_of(slice(start, start + DISTRIBUTION_CHUNK)))
-                    for start in range(0, n_samples, DISTRIBUTION_CHUNK)
+                    torch_distributions(distribution_of(slice(start, min(start + span, n_samples), stride)))
+                    for start in range(0, n_samples, span)
                 ]
             )
+
+    def _diagnostic_stride(self) -> int:
+        """The stride of the passes without the penalty: at most :data:`DIAGNOSTIC_ROWS` rows of the rollout."""
+        return -(-self.rollout_buffer.buffer_size * self.rollout_buffer.n_envs // DIAGNOSTIC_ROWS)
 
     # ---- the update -----------------------------------------------------------------------------
 
@@ -517,15 +527,17 @@ class ExtUpdateEngine:
 
     def train(self) -> None:
         """Update policy using the currently gathered rollout buffer (upstream's steps, in upstream's order)."""
-        # pi_old: the policy as it collected the rollout (eval mode), on every sample, before any parameter changes
-        old_distributions = self._rollout_distributions()
+        # The beta rule: a fixed beta is kl_coef as it is now (ParameterScheduler may have set it).
+        self.current_kl_coef = kl_coef = self._live_kl_coef(self._kl_state())
+        # pi_old: the policy as it collected the rollout (eval mode), before any parameter changes; on every sample
+        # for the penalty, else on the diagnostics' samples
+        stride = 1 if kl_coef > 0 else self._diagnostic_stride()
+        old_distributions = self._rollout_distributions(stride)
         self.policy.set_training_mode(True)
         self._update_learning_rates()
         progress = self._current_progress_remaining
         clip_range = None if self.clip_range is None else float(self.clip_range(progress))
         clip_range_vf = None if self.clip_range_vf is None else float(self.clip_range_vf(progress))
-        # The beta rule: a fixed beta is kl_coef as it is now (ParameterScheduler may have set it).
-        self.current_kl_coef = kl_coef = self._live_kl_coef(self._kl_state())
         if kl_coef > 0:  # the penalty's pi_old rides in the minibatches
             self._check_pi_old_buffer(type(self.rollout_buffer))
             self.rollout_buffer.set_old_distribution(*distribution_parameters(old_distributions))
@@ -573,8 +585,8 @@ class ExtUpdateEngine:
                 break
             epochs_completed += 1
 
-        # pi_new on every sample: the analytic KL(pi_old || pi_new) of this update.
-        new_distributions = self._rollout_distributions()
+        # pi_new on the same samples: the analytic KL(pi_old || pi_new) of this update.
+        new_distributions = self._rollout_distributions(stride)
         kl = analytic_kl(old_distributions, new_distributions)
         if self.uses_kl_penalty and self.kl_target is not None:
             self.current_kl_coef = losses.adapt_kl_coef(

@@ -210,13 +210,14 @@ class MaskablePPOExt(ModelFiles, ExtUpdateEngine, MaskablePPO):  # type: ignore[
     def _samples_distribution(self, policy: MaskableActorCriticPolicy, samples: MaskableRolloutBufferSamples) -> Distribution:
         return policy.get_distribution(samples.observations, action_masks=samples.action_masks)  # type: ignore[arg-type]
 
-    def _flat_rollout_distributions(self) -> list[th.distributions.Distribution]:
+    def _flat_rollout_distributions(self, stride: int = 1) -> list[th.distributions.Distribution]:
         buffer = self.rollout_buffer
         obs = flat_observations(buffer)
         masks = buffer.to_torch(flat_rollout(buffer, buffer.action_masks))
         return self._chunked_distributions(
             buffer.buffer_size * buffer.n_envs,
             lambda index: self.policy.get_distribution(index_observations(obs, index), action_masks=masks[index]),
+            stride,
         )
 
     def _collect_rollouts(

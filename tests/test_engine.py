@@ -209,6 +209,34 @@ def test_logged_kl_is_analytic_kl_of_the_update():
     assert model.logger.name_to_value["train/kl_max"] == pytest.approx(kl.max().item(), rel=1e-4)
 
 
+@pytest.mark.parametrize("kl_coef", [0.0, 0.5])
+def test_logged_kl_of_a_large_rollout_reads_every_kth_sample_without_the_penalty(kl_coef):
+    """On a rollout of 4 x 1024 samples train/kl and kl_max are the analytic KL (torch.distributions, from a snapshot)
+    over every 2nd sample (the buffer's env-major row order) without the penalty, and over all samples with it."""
+    snapshots = []
+
+    class Snapshot(BaseCallback):
+        def _on_rollout_end(self):
+            snapshots.append((copy.deepcopy(self.model.policy), self.model.rollout_buffer.observations.copy()))
+
+        def _on_step(self):
+            return True
+
+    settings = dict(n_steps=1024, batch_size=1024, n_epochs=1, seed=0, policy_kwargs=dict(net_arch=[16]), kl_coef=kl_coef)
+    model = PPOExt("MlpPolicy", make_vec_env("Pendulum-v1", n_envs=4, seed=0), **settings)
+    model.set_logger(configure(None, []))
+    model.learn(4096, callback=Snapshot())
+    old_policy, observations = snapshots[-1]
+    rows = th.as_tensor(observations.swapaxes(0, 1).reshape(-1, observations.shape[-1]))
+    obs = rows if kl_coef > 0 else rows[::2]
+    with th.no_grad():
+        kl = kl_divergence(old_policy.get_distribution(obs).distribution, model.policy.get_distribution(obs).distribution)
+    kl = kl.sum(-1)
+    assert len(kl) == (4096 if kl_coef > 0 else 2048)
+    assert model.logger.name_to_value["train/kl"] == pytest.approx(kl.mean().item(), rel=1e-4)
+    assert model.logger.name_to_value["train/kl_max"] == pytest.approx(kl.max().item(), rel=1e-4)
+
+
 def test_target_kl_early_stop_is_reported():
     model = PPOExt(
         "MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=16, n_epochs=10, target_kl=1e-6, seed=0, learning_rate=1e-2
