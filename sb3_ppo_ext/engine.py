@@ -423,10 +423,6 @@ class ExtUpdateEngine:
                 ]
             )
 
-    def _diagnostic_stride(self) -> int:
-        """The stride of the passes without the penalty: at most :data:`DIAGNOSTIC_ROWS` rows of the rollout."""
-        return -(-self.rollout_buffer.buffer_size * self.rollout_buffer.n_envs // DIAGNOSTIC_ROWS)
-
     # ---- the update -----------------------------------------------------------------------------
 
     def _update_learning_rates(self) -> None:
@@ -531,7 +527,7 @@ class ExtUpdateEngine:
         self.current_kl_coef = kl_coef = self._live_kl_coef(self._kl_state())
         # pi_old: the policy as it collected the rollout (eval mode), before any parameter changes; on every sample
         # for the penalty, else on the diagnostics' samples
-        stride = 1 if kl_coef > 0 else self._diagnostic_stride()
+        stride = 1 if kl_coef > 0 else -(-self.rollout_buffer.buffer_size * self.rollout_buffer.n_envs // DIAGNOSTIC_ROWS)
         old_distributions = self._rollout_distributions(stride)
         self.policy.set_training_mode(True)
         self._update_learning_rates()

@@ -268,10 +268,8 @@ def _minibatch_params(n_steps: int, batch_size: Any, n_envs: Any) -> dict[str, i
     rollout = n_steps * validation.check_int("n_envs", n_envs, low=1)
     n_minibatches = rollout // batch_size if validation.is_int(batch_size) and batch_size > 0 else 0
     if n_minibatches * batch_size != rollout or n_minibatches > min(n_steps, 256):
-        raise InvalidSettingError(
-            f"batch_size={batch_size!r} is not n_steps * n_envs = {rollout} divided by a power of 2 up to "
-            f"min(n_steps, 256) (the search space's)"
-        )
+        what = f"n_steps * n_envs = {rollout} divided by a power of 2 up to min(n_steps, 256) (the search space's)"
+        raise InvalidSettingError(f"batch_size={batch_size!r} is not {what}")
     return {"n_envs": n_envs, "n_minibatches_pow": _power_of_two("n_steps * n_envs / batch_size", n_minibatches, 0, 8)}
 
 

@@ -22,11 +22,6 @@ class StorageError(RuntimeError):
     """An Optuna storage could not be opened; the message names the (password-masked) URL and the reason."""
 
 
-def masked_url(url: str) -> str:
-    """``url`` with its passwords masked as ``***``."""
-    return _url_secrets(url)[0]
-
-
 def _url_secrets(url: str) -> tuple[str, list[str]]:
     """``url`` with its passwords (``user:pw@`` up to the last ``@``, ``?password=pw``) masked as ``***``, and them."""
     found: list[str] = []

@@ -26,7 +26,7 @@ from sb3_ppo_ext import zoo_support as support
 from sb3_ppo_ext.callbacks import KLAdaptiveLR
 from sb3_ppo_ext.envpool import EnvPoolVecEnv, require_envpool
 from sb3_ppo_ext.reliability import AtomicCheckpointCallback
-from sb3_ppo_ext.storage import HEARTBEAT_INTERVAL, StorageError, make_storage, masked_url
+from sb3_ppo_ext.storage import HEARTBEAT_INTERVAL, StorageError, _url_secrets, make_storage
 
 if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
@@ -124,8 +124,7 @@ class PPOExtExperimentManager(UPSTREAM):
         if not support.is_ours(self.algo):
             super().hyperparameters_optimization()
             return
-        url = self.storage
-        names: dict[str, Any] = {}
+        url, names = self.storage, dict[str, Any]()
         try:
             storage = self._storage or check_storage(url)
             if storage is not None:
@@ -253,16 +252,13 @@ class MaskableTrialEvalCallback(TrialEvalCallback, MaskableEvalCallback):
 
 class CPUBudgetTrialEvalCallback(TrialEvalCallback):
     """
-    rl-zoo3's ``TrialEvalCallback`` on a budget of training CPU time: the trial evaluates each time another
-    ``cpu_budget / n_evaluations`` seconds of process CPU time (all threads, evaluations excluded) went into training,
-    and ends at the budget, so its score is the return reached in ``cpu_budget`` CPU-seconds. A trial that reaches
-    rl-zoo3's step budget (``-n``) first evaluates once more at its end.
+    rl-zoo3's ``TrialEvalCallback`` on a budget of training CPU time (process CPU time, all threads, evaluations excluded):
+    it evaluates after each ``cpu_budget / n_evaluations`` CPU-seconds and ends the trial at the budget (or, first at
+    rl-zoo3's ``-n``, evaluates once more at the end), so the trial's score is the return reached in ``cpu_budget``.
 
     :param cpu_budget: training CPU-seconds of one trial
     :param n_evaluations: evaluations per trial (rl-zoo3's ``--n-evaluations``)
     """
-
-    clock = staticmethod(time.process_time)
 
     def __init__(self, *args: Any, cpu_budget: float, n_evaluations: int, **kwargs: Any):
         super().__init__(*args, **{**kwargs, "eval_freq": 1})  # evaluations follow the clock, not the steps
@@ -271,10 +267,10 @@ class CPUBudgetTrialEvalCallback(TrialEvalCallback):
 
     def training_cpu(self) -> float:
         """CPU-seconds of training so far."""
-        return self.clock() - self.start - self.evaluation_cpu
+        return time.process_time() - self.start - self.evaluation_cpu
 
     def _on_training_start(self) -> None:
-        self.start = self.clock()
+        self.start = time.process_time()
 
     def _on_step(self) -> bool:
         if self.training_cpu() < self.cpu_budget * (self.eval_idx + 1) / self.n_evaluations:
@@ -283,11 +279,11 @@ class CPUBudgetTrialEvalCallback(TrialEvalCallback):
 
     def _evaluate(self) -> bool:
         """rl-zoo3's evaluation, report and pruning decision (whether the trial goes on), its CPU time set apart."""
-        begin = self.clock()
+        begin = time.process_time()
         try:
             return super()._on_step()
         finally:
-            self.evaluation_cpu += self.clock() - begin
+            self.evaluation_cpu += time.process_time() - begin
 
     def _on_training_end(self) -> None:
         if self.eval_idx < self.n_evaluations and not self.is_pruned:
@@ -305,7 +301,7 @@ class ZooStorage(optuna.storages.RDBStorage):
         return self.url.endswith(suffix)
 
     def __str__(self) -> str:
-        return masked_url(self.url)
+        return _url_secrets(self.url)[0]
 
 
 @contextlib.contextmanager

@@ -280,16 +280,17 @@ def test_optimize_of_ours_runs_rl_zoo3s_study_on_the_storage_with_heartbeats(tmp
 def test_opened_storage_is_a_public_rdb_storage_that_reads_as_its_url(tmp_path: Path):
     """What -optimize hands rl-zoo3 as ``--storage``: an ``RDBStorage`` (Optuna caches it itself) that rl-zoo3's string
     handling reads as the URL, with a password masked."""
+    from types import SimpleNamespace
+
     import optuna
 
-    from sb3_ppo_ext.storage import masked_url
-    from sb3_ppo_ext.zoo_manager import check_storage
+    from sb3_ppo_ext.zoo_manager import ZooStorage, check_storage
 
     url = f"sqlite:///{tmp_path / 'study.db'}"
     storage = check_storage(url)
     assert type(storage).__mro__[1] is optuna.storages.RDBStorage and storage.get_heartbeat_interval() > 0
     assert storage.endswith(".db") and not storage.endswith(".log") and str(storage) == url
-    assert masked_url("postgresql://user:se@cret@host/db") == "postgresql://user:***@host/db"
+    assert ZooStorage.__str__(SimpleNamespace(url="postgresql://user:se@cret@host/db")) == "postgresql://user:***@host/db"
     study = optuna.create_study(storage=storage, study_name="s")
     assert optuna.load_study(study_name="s", storage=url).study_name == study.study_name
 
