@@ -185,21 +185,27 @@ def test_pi_old_is_the_policy_that_collected_the_rollout(family: Member, n_envs:
     assert compared == [16 * n_envs] * 2
 
 
+class _Snapshot(BaseCallback):
+    """Keeps the policy and the observations of every rollout, as they are before its update."""
+
+    def __init__(self):
+        super().__init__()
+        self.snapshots = []
+
+    def _on_rollout_end(self):
+        self.snapshots.append((copy.deepcopy(self.model.policy), self.model.rollout_buffer.observations.copy()))
+
+    def _on_step(self):
+        return True
+
+
 def test_logged_kl_is_analytic_kl_of_the_update():
     """train/kl equals KL(pi_old || pi_new) recomputed with torch.distributions from a snapshot."""
-    snapshots = []
-
-    class Snapshot(BaseCallback):
-        def _on_rollout_end(self):
-            snapshots.append((copy.deepcopy(self.model.policy), self.model.rollout_buffer.observations.copy()))
-
-        def _on_step(self):
-            return True
-
     model = PPOExt("MlpPolicy", make_vec_env("Pendulum-v1", n_envs=2, seed=0), **TINY)
     model.set_logger(configure(None, []))
-    model.learn(64, callback=Snapshot())
-    old_policy, observations = snapshots[-1]
+    snapshot = _Snapshot()
+    model.learn(64, callback=snapshot)
+    old_policy, observations = snapshot.snapshots[-1]
     obs = th.as_tensor(observations.reshape(-1, observations.shape[-1]))
     with th.no_grad():
         old = old_policy.get_distribution(obs).distribution
@@ -213,20 +219,12 @@ def test_logged_kl_is_analytic_kl_of_the_update():
 def test_logged_kl_of_a_large_rollout_reads_every_kth_sample_without_the_penalty(kl_coef):
     """On a rollout of 4 x 1024 samples train/kl and kl_max are the analytic KL (torch.distributions, from a snapshot)
     over every 2nd sample (the buffer's env-major row order) without the penalty, and over all samples with it."""
-    snapshots = []
-
-    class Snapshot(BaseCallback):
-        def _on_rollout_end(self):
-            snapshots.append((copy.deepcopy(self.model.policy), self.model.rollout_buffer.observations.copy()))
-
-        def _on_step(self):
-            return True
-
     settings = dict(n_steps=1024, batch_size=1024, n_epochs=1, seed=0, policy_kwargs=dict(net_arch=[16]), kl_coef=kl_coef)
     model = PPOExt("MlpPolicy", make_vec_env("Pendulum-v1", n_envs=4, seed=0), **settings)
     model.set_logger(configure(None, []))
-    model.learn(4096, callback=Snapshot())
-    old_policy, observations = snapshots[-1]
+    snapshot = _Snapshot()
+    model.learn(4096, callback=snapshot)
+    old_policy, observations = snapshot.snapshots[-1]
     rows = th.as_tensor(observations.swapaxes(0, 1).reshape(-1, observations.shape[-1]))
     obs = rows if kl_coef > 0 else rows[::2]
     with th.no_grad():
