@@ -23,6 +23,8 @@ from sb3_ppo_ext.validation import InvalidSettingError, check_int
 _BOOKKEEPING_KEYS = ("env_id", "players")  # EnvPool's own info keys, not per-env values of the task
 _NO_PYTHON = "EnvPool's environments have no Python attributes or methods"
 _NO_RENDER = "rendering is not supported; render on gymnasium's env of the same task"
+# Options of EnvPool's pool, not of the task: gymnasium's env of the same id takes none of them.
+POOL_OPTIONS = ("num_threads", "thread_affinity_offset")
 
 
 def require_envpool() -> ModuleType:
@@ -32,6 +34,11 @@ def require_envpool() -> ModuleType:
     except ImportError:
         raise ImportError('EnvPool is not installed: pip install "sb3-ppo-ext[envpool]"') from None
     return envpool
+
+
+def task_kwargs(env_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``env_kwargs`` without :data:`POOL_OPTIONS`: the task's own settings, which gymnasium's env takes too."""
+    return {key: value for key, value in env_kwargs.items() if key not in POOL_OPTIONS}
 
 
 class EnvPoolVecEnv(VecEnv):
@@ -50,6 +57,8 @@ class EnvPoolVecEnv(VecEnv):
         if task not in envpool.list_all_envs():
             raise InvalidSettingError(f"task={task!r} is not an EnvPool task; envpool.list_all_envs() lists them")
         num_envs = check_int("num_envs", num_envs)
+        if "batch_size" in make_kwargs:  # EnvPool's asynchronous mode returns a subset of the envs at each step
+            raise InvalidSettingError(f"batch_size={make_kwargs['batch_size']!r}: EnvPoolVecEnv steps all envs together")
         self.task, self.num_threads, self.make_kwargs = task, num_threads, make_kwargs
         self.pool = self._make_pool(num_envs, seed)
         action_space = self.pool.action_space

@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from sb3_ppo_ext import settings
+from sb3_ppo_ext.envpool import task_kwargs
 from sb3_ppo_ext.envs import register_envs
 from sb3_ppo_ext.zoo_support import is_masked, is_ours, masked_env, settings_errors_end_the_command
 
@@ -57,11 +58,14 @@ class _ParseErrors:
             )
 
 
-def _masked_test_envs(create_test_env: Callable[..., VecEnv]) -> Callable[..., VecEnv]:
-    """``rl_zoo3.utils.create_test_env`` (``enjoy``, ``record_video``) with :func:`masked_env` for a masked algorithm."""
+def _test_envs(create_test_env: Callable[..., VecEnv]) -> Callable[..., VecEnv]:
+    """``rl_zoo3.utils.create_test_env`` (``enjoy``, ``record_video``) with :func:`masked_env` for a masked algorithm,
+    and without EnvPool's pool options in a run's ``env_kwargs`` when it trained with ``env_backend: envpool``."""
 
     @functools.wraps(create_test_env)
     def wrapper(env_id: str, *args: Any, **kwargs: Any) -> VecEnv:
+        if (kwargs.get("hyperparams") or {}).get("env_backend") == "envpool" and kwargs.get("env_kwargs"):
+            kwargs["env_kwargs"] = task_kwargs(kwargs["env_kwargs"])
         env = create_test_env(env_id, *args, **kwargs)
         algo = _command_line_algo(None)
         if not is_masked(algo):
@@ -78,7 +82,7 @@ def _register_algo(utils: ModuleType) -> None:
     for name, spec in settings.ALGORITHMS.items():
         utils.ALGOS.setdefault(name, spec.algorithm)
     if not getattr(utils.create_test_env, _PATCHED, False):
-        utils.create_test_env = _masked_test_envs(utils.create_test_env)  # type: ignore[attr-defined]
+        utils.create_test_env = _test_envs(utils.create_test_env)  # type: ignore[attr-defined]
     if not vars(utils.StoreDict).get(_PATCHED, False):
         mixed = type("StoreDict", (_ParseErrors, utils.StoreDict), {_PATCHED: True, "__module__": __name__})
         utils.StoreDict = mixed  # type: ignore[attr-defined]

@@ -24,7 +24,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecFrameStack,
 from sb3_ppo_ext import settings
 from sb3_ppo_ext import zoo_support as support
 from sb3_ppo_ext.callbacks import KLAdaptiveLR
-from sb3_ppo_ext.envpool import EnvPoolVecEnv, require_envpool
+from sb3_ppo_ext.envpool import EnvPoolVecEnv, require_envpool, task_kwargs
 from sb3_ppo_ext.reliability import AtomicCheckpointCallback
 from sb3_ppo_ext.storage import HEARTBEAT_INTERVAL, StorageError, _url_secrets, make_storage
 
@@ -82,6 +82,10 @@ class PPOExtExperimentManager(UPSTREAM):
         hyperparams = dict(hyperparams)
         self._env_backend = _checked_env_backend(self, hyperparams.pop("env_backend", "gymnasium"), hyperparams)
         self._cpu_budget = hyperparams.pop("optimize_cpu_budget", None)
+        if self._cpu_budget is not None and not self.optimize_hyperparameters:
+            raise support.ZooConfigError(
+                f"optimize_cpu_budget={self._cpu_budget!r} applies to -optimize trials only; leave it out of a training run"
+            )
         off: dict[str, Any] = {
             key: None for key in ("clip_range", "clip_range_vf") if key in hyperparams and hyperparams[key] is None
         }
@@ -150,6 +154,8 @@ class PPOExtExperimentManager(UPSTREAM):
         if not eval_env and self._env_backend == "envpool":
             env = _envpool_env(self, n_envs)
         else:
+            if eval_env and self._env_backend == "envpool" and getattr(self, "_eval_env_kwargs_args", None) is None:
+                self.eval_env_kwargs = task_kwargs(self.eval_env_kwargs)  # --env-kwargs' EnvPool options: training only
             env = super().create_envs(n_envs, eval_env=eval_env, no_log=no_log)
         if support.is_masked(self.algo):
             env = support.masked_env(env, self.algo, self.env_name.gym_id, carry_masks=False)

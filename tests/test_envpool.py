@@ -170,6 +170,8 @@ def test_what_envpool_cannot_do_is_an_error_naming_the_method():
         EnvPoolVecEnv("Hoper-v5", 1)
     with pytest.raises(ValueError, match=r"num_envs=0 is invalid"):
         EnvPoolVecEnv("Hopper-v5", 0)
+    with pytest.raises(ValueError, match=r"batch_size=1: EnvPoolVecEnv steps all envs together"):
+        EnvPoolVecEnv("Hopper-v5", 2, batch_size=1)
 
 
 def test_missing_envpool_names_the_extra(monkeypatch: pytest.MonkeyPatch):
@@ -209,6 +211,22 @@ def test_zoo_trains_on_envpool_and_evaluates_on_gymnasium(tmp_path):
     # The pool is seeded with --seed, as rl-zoo3 seeds its DummyVecEnv: env i gets seed + i.
     seeded = EnvPoolVecEnv("Hopper-v5", 8, seed=3).reset()
     np.testing.assert_array_equal(training.venv.reset(), seeded)
+
+
+def test_zoo_envpool_options_in_env_kwargs_reach_the_pool_only(tmp_path):
+    """``--env-kwargs num_threads:1``: EnvPool's pool takes it; the gymnasium envs of evaluation and enjoy do not get it."""
+    import rl_zoo3.utils
+
+    manager = _manager(tmp_path, hyperparams={"n_envs": 8}, env_kwargs={"num_threads": 1, "reset_noise_scale": 0.0})
+    model, saved = manager.setup_experiment()
+    assert model.get_env().venv.num_threads == 1 and model.get_env().venv.make_kwargs == {"reset_noise_scale": 0.0}
+    assert manager.eval_env_kwargs == {"reset_noise_scale": 0.0} and manager.env_kwargs["num_threads"] == 1
+    (evaluation,) = [callback for callback in manager.callbacks if isinstance(callback, EvalCallback)]
+    assert evaluation.eval_env.num_envs == 1
+    kwargs = dict(n_envs=1, env_kwargs={"num_threads": 1}, should_render=False)
+    assert rl_zoo3.utils.create_test_env("Hopper-v5", hyperparams=dict(saved), **kwargs).num_envs == 1  # enjoy's call
+    with pytest.raises(TypeError, match="num_threads"):  # a gymnasium-trained run keeps rl-zoo3's behaviour
+        rl_zoo3.utils.create_test_env("Hopper-v5", hyperparams={}, **kwargs)
 
 
 def test_zoo_env_backend_gymnasium_runs_the_same_entry_on_gymnasium(tmp_path):

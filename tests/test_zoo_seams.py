@@ -327,3 +327,7 @@ def test_optimize_cpu_budget_scores_each_trial_at_its_training_cpu_budget(tmp_pa
     bad = _manager("ppo_ext", "Pendulum-v1", tmp_path / "bad", hyperparams={"optimize_cpu_budget": -1})
     with pytest.raises(SystemExit, match=r"optimize_cpu_budget=-1 .*CPU-seconds > 0"):
         bad.setup_experiment()
+    plain = _manager("ppo_ext", "Pendulum-v1", tmp_path / "plain", hyperparams={"optimize_cpu_budget": 300})
+    with pytest.raises(SystemExit, match=r"optimize_cpu_budget=300 applies to -optimize trials only"):
+        plain.setup_experiment()
+    assert not (tmp_path / "plain").exists()
