@@ -190,3 +190,24 @@ class Error(ValueError):
 def _helper():
     return 4
 '''
+
+
+def test_memory_check_samples_a_command_from_outside_and_fits_the_growth(tmp_path: Path):
+    """A child that logs 1,000 steps and keeps 8 MiB more every 0.3 s: the fitted growth is ~8,000 MiB per 1M steps."""
+    import sys
+
+    import memory_check  # scripts/memory_check.py
+
+    child = (
+        "import time\nkeep = []\nfor i in range(1, 11):\n"
+        "    keep.append(bytearray(b'x') * (8 << 20))\n"
+        "    print(f'| total_timesteps | {i * 1000} |', flush=True)\n    time.sleep(0.3)\n"
+    )
+    out = tmp_path / "memory.jsonl"
+    result = memory_check.main(["--out", str(out), "--every", "0.05", "--", sys.executable, "-c", child])
+    *samples, last = [json.loads(line) for line in out.read_text().splitlines()]
+    assert last["summary"] == result and result["steps"] == 10_000 and len(samples) > 20
+    assert 5_000 < result["rss_mb_per_million_steps_second_half"] < 11_000
+    assert result["rss_mb_at_end"] - result["rss_mb_at_10pct"] > 50 and result["steps_per_cpu_second"] > 0
+    flat = memory_check.summary([{"steps": s, "rss_mb": 100.0, "cpu_s": s / 1000} for s in range(0, 5000, 500)])
+    assert flat["rss_mb_per_million_steps_second_half"] == 0.0 and flat["steps_per_cpu_second"] == 1000.0
