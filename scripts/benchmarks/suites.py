@@ -191,7 +191,7 @@ SUITES: dict[str, list[EnvBudget]] = {
     ],
 }
 SUITES["time-to-score"] = [
-    EnvBudget("Hopper-v5", 2_000_000, 10, 50_000, TIME_TO_SCORE),
+    EnvBudget("Hopper-v5", 1_500_000, 10, 50_000, TIME_TO_SCORE),
     EnvBudget("Walker2d-v5", 3_000_000, 5, 50_000, TIME_TO_SCORE),
     EnvBudget("HalfCheetah-v5", 3_000_000, 5, 50_000, TIME_TO_SCORE),
     EnvBudget("Ant-v5", 4_000_000, 5, 50_000, TIME_TO_SCORE),
