@@ -41,6 +41,8 @@ def summary(samples: list[dict[str, Any]]) -> dict[str, float]:
     if len(logged) < 4:
         raise SystemExit(f"memory_check: {len(logged)} samples with logged steps; run longer or sample more often")
     total = logged[-1]["steps"]
+    # Up to the first sample at the last logged step: later ones may catch the process freeing memory as it exits.
+    logged = logged[: next(i for i, sample in enumerate(logged) if sample["steps"] >= total) + 1]
 
     def at(share: float) -> float:
         return next(sample["rss_mb"] for sample in logged if sample["steps"] >= share * total)
