@@ -23,8 +23,7 @@ from sb3_ppo_ext.validation import InvalidSettingError, check_int
 _BOOKKEEPING_KEYS = ("env_id", "players")  # EnvPool's own info keys, not per-env values of the task
 _NO_PYTHON = "EnvPool's environments have no Python attributes or methods"
 _NO_RENDER = "rendering is not supported; render on gymnasium's env of the same task"
-# Options of EnvPool's pool, not of the task: gymnasium's env of the same id takes none of them.
-POOL_OPTIONS = ("num_threads", "thread_affinity_offset")
+POOL_OPTIONS = ("num_threads", "thread_affinity_offset")  # EnvPool's pool's, not the task's: gymnasium takes neither
 
 
 def require_envpool() -> ModuleType:

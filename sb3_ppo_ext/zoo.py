@@ -59,8 +59,8 @@ class _ParseErrors:
 
 
 def _test_envs(create_test_env: Callable[..., VecEnv]) -> Callable[..., VecEnv]:
-    """``rl_zoo3.utils.create_test_env`` (``enjoy``, ``record_video``) with :func:`masked_env` for a masked algorithm,
-    and without EnvPool's pool options in a run's ``env_kwargs`` when it trained with ``env_backend: envpool``."""
+    """``rl_zoo3.utils.create_test_env`` (``enjoy``, ``record_video``): masked for a masked algorithm, EnvPool-trained
+    runs' ``env_kwargs`` without :data:`~sb3_ppo_ext.envpool.POOL_OPTIONS`."""
 
     @functools.wraps(create_test_env)
     def wrapper(env_id: str, *args: Any, **kwargs: Any) -> VecEnv:

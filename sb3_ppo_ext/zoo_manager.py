@@ -83,9 +83,7 @@ class PPOExtExperimentManager(UPSTREAM):
         self._env_backend = _checked_env_backend(self, hyperparams.pop("env_backend", "gymnasium"), hyperparams)
         self._cpu_budget = hyperparams.pop("optimize_cpu_budget", None)
         if self._cpu_budget is not None and not self.optimize_hyperparameters:
-            raise support.ZooConfigError(
-                f"optimize_cpu_budget={self._cpu_budget!r} applies to -optimize trials only; leave it out of a training run"
-            )
+            raise support.ZooConfigError(f"optimize_cpu_budget={self._cpu_budget!r} applies to -optimize trials only")
         off: dict[str, Any] = {
             key: None for key in ("clip_range", "clip_range_vf") if key in hyperparams and hyperparams[key] is None
         }
