@@ -188,6 +188,17 @@ WORKLOADS: dict[str, tuple[str, str, int, bool, dict]] = {
         True,
         dict(n_steps=64, batch_size=4096, n_epochs=10, policy_kwargs=dict(_ZOO_MUJOCO, log_std_init=-0.5)),
     ),
+    # The shipped Hopper-v5 entry of ppo_ext_envpool.yml, on gymnasium's envs (DummyVecEnv) instead of EnvPool's.
+    "hopper-entry": (
+        "ppo",
+        "Hopper-v5",
+        32,
+        True,
+        dict(
+            n_steps=64, batch_size=512, n_epochs=10, learning_rate=6e-4, target_kl=0.02,
+            policy_kwargs=dict(log_std_init=-0.5, activation_fn=nn.Tanh, net_arch=dict(pi=[256, 256], vf=[256, 256])),
+        ),
+    ),
     "masked": ("maskable", "InvalidActionEnvDiscrete", 4, False, dict(HYPERPARAMS)),
     "recurrent": (
         "recurrent",

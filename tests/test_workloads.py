@@ -60,3 +60,21 @@ def test_each_speed_workload_trains_bit_for_bit_like_upstream(workload):
     # the lean optimizer step was taken: Adam's state in flat buffers (the last update's layout)
     exp_avgs = [state["exp_avg"] for state in ext.policy.optimizer.state.values()]
     assert len({t.untyped_storage().data_ptr() for t in exp_avgs}) == 1
+
+
+def test_hopper_entry_workload_is_the_shipped_envpool_entry():
+    import yaml
+
+    from sb3_ppo_ext.hyperparams import __path__ as hyperparams_path
+
+    with open(f"{hyperparams_path[0]}/ppo_ext_envpool.yml") as file:
+        entry = yaml.safe_load(file)["Hopper-v5"]
+    _, env_id, n_envs, normalize, hyperparams = throughput.WORKLOADS["hopper-entry"]
+    assert (env_id, n_envs, normalize) == ("Hopper-v5", entry["n_envs"], entry["normalize"])
+    for key in ("n_steps", "batch_size", "n_epochs", "learning_rate", "target_kl"):
+        assert hyperparams[key] == entry[key], key
+    # the entry's Gaussian head (squash_output false) is what the workload's stock PPO and bit-for-bit variants run
+    entry_kwargs = dict(entry["policy_kwargs"])
+    assert entry_kwargs.pop("squash_output") is False and entry_kwargs.pop("activation_fn") == "tanh"
+    policy_kwargs = dict(hyperparams["policy_kwargs"])
+    assert policy_kwargs.pop("activation_fn") is th.nn.Tanh and policy_kwargs == entry_kwargs
