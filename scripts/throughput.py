@@ -28,6 +28,7 @@ least disturbed one. Read the ratios, not the absolute figures.
     python scripts/throughput.py --family recurrent --n-steps 128 --batch-size 128 --steps 4096 --repeats 9
     python scripts/throughput.py --workload hopper --steps 4096 --repeats 9   # rl-zoo3's Hopper settings
     python scripts/throughput.py --workload hopper-batched --envs-and-batch 256 8192 --steps 65536 --repeats 5
+    python scripts/throughput.py --workload hopper-entry --env-backend envpool --steps 65536 --repeats 5
     python scripts/throughput.py --workload hopper --steps 4096 --repeats 9 \\
         --variants "PPOExt, fast" "SBX PPO" --warm-model   # SBX's PPO as a reference (pip install sbx-rl)
 
@@ -217,12 +218,18 @@ WORKLOADS: dict[str, tuple[str, str, int, bool, dict]] = {
 }  # fmt: skip
 
 
-def make_env(env_id: str, n_envs: int, seed: int, normalize: bool = False):
+def make_env(env_id: str, n_envs: int, seed: int, normalize: bool = False, backend: str = "gymnasium"):
     """
     A DummyVecEnv of ``env_id`` (in ``VecNormalize`` with ``normalize``, as rl-zoo3's ``normalize: true``);
     ``InvalidActionEnvDiscrete`` is sb3-contrib's masked test env (dim 100, 50 invalid).
+
+    :param backend: ``"envpool"``: EnvPool's batched envs of the task (:class:`~sb3_ppo_ext.envpool.EnvPoolVecEnv`)
     """
-    if env_id == "InvalidActionEnvDiscrete":
+    if backend == "envpool":
+        from sb3_ppo_ext.envpool import EnvPoolVecEnv
+
+        env = EnvPoolVecEnv(env_id, n_envs, seed=seed)
+    elif env_id == "InvalidActionEnvDiscrete":
         env = make_vec_env(lambda: InvalidActionEnvDiscrete(dim=100, n_invalid_actions=50), n_envs=n_envs, seed=seed)
     else:
         if env_id.endswith("NoVel-v1"):
@@ -242,6 +249,7 @@ def measure(
     policy: str = "MlpPolicy",
     normalize: bool = False,
     warm_model: bool = False,
+    backend: str = "gymnasium",
 ) -> tuple[float, float]:
     """
     One timed ``learn(steps)`` of a freshly built model: ``(env-steps per CPU second, env-steps per wall second)``.
@@ -249,7 +257,7 @@ def measure(
     :param warm_model: first learn one rollout, untimed, and time the ``learn(steps)`` that continues it (SBX's
         JAX functions compile for each model on its first rollout and update)
     """
-    env = make_env(env_id, n_envs, seed, normalize)
+    env = make_env(env_id, n_envs, seed, normalize, backend)
     policy_kwargs = {**hyperparams.get("policy_kwargs", {}), **kwargs.get("policy_kwargs", {})}
     merged = {**hyperparams, **kwargs, **({"policy_kwargs": policy_kwargs} if policy_kwargs else {})}
     model = algo(policy, env, seed=seed, **merged)
@@ -291,6 +299,7 @@ def run(
     policy: str = "MlpPolicy",
     normalize: bool = False,
     warm_model: bool = False,
+    backend: str = "gymnasium",
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Interleaved measurements: CPU-time and wall-clock env-steps/s of each variant, one entry per repeat."""
     variants = {name: spec for name, spec in VARIANTS.items() if name not in OPTIONAL} if variants is None else variants
@@ -300,11 +309,11 @@ def run(
     for _ in range(warmup):
         for _name, (algo, kwargs) in order:
             warm_steps = min(steps, n_envs * hyperparams["n_steps"])
-            measure(algo, kwargs, env_id, warm_steps, n_envs, 0, hyperparams, policy, normalize, warm_model)
+            measure(algo, kwargs, env_id, warm_steps, n_envs, 0, hyperparams, policy, normalize, warm_model, backend)
     for repeat in range(repeats):
         for name, (algo, kwargs) in order if repeat % 2 == 0 else order[::-1]:
             cpu_fps, wall_fps = measure(
-                algo, kwargs, env_id, steps, n_envs, repeat, hyperparams, policy, normalize, warm_model
+                algo, kwargs, env_id, steps, n_envs, repeat, hyperparams, policy, normalize, warm_model, backend
             )
             cpu[name].append(cpu_fps)
             wall[name].append(wall_fps)
@@ -346,6 +355,12 @@ def main(argv: list[str] | None = None) -> dict:
         help="time each run after an untimed first rollout and update of the same model (for SBX, whose JAX "
         "functions compile per model); every variant alike",
     )
+    parser.add_argument(
+        "--env-backend",
+        choices=("gymnasium", "envpool"),
+        default="gymnasium",
+        help="envpool: the task's EnvPool envs (pip install '.[envpool]'), its threads' CPU time counted",
+    )
     args = parser.parse_args(argv)
     th.set_num_threads(1)
     hyperparams = dict(HYPERPARAMS, n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs)
@@ -367,10 +382,11 @@ def main(argv: list[str] | None = None) -> dict:
         variants = {name: spec for name, spec in variants.items() if name not in OPTIONAL}
     args.env = args.env or default_env
     cpu, wall = run(
-        args.env, args.steps, args.n_envs, args.repeats, hyperparams, args.warmup, variants, policy, normalize, args.warm_model
-    )
+        args.env, args.steps, args.n_envs, args.repeats, hyperparams, args.warmup, variants, policy, normalize,
+        args.warm_model, args.env_backend,
+    )  # fmt: skip
     cpu_summary, wall_summary = summarize(cpu), summarize(wall)
-    print(f"{args.env}, {args.steps} steps x {args.repeats} repeats, {args.n_envs} envs, {hyperparams}")
+    print(f"{args.env} ({args.env_backend}), {args.steps} steps x {args.repeats} repeats, {args.n_envs} envs, {hyperparams}")
     print("env-steps per second of process CPU time (headline); wall clock in the last two columns")
     print(
         "| variant | median | ratio of medians | best | ratio of bests | median paired ratio "
@@ -394,12 +410,13 @@ def main(argv: list[str] | None = None) -> dict:
         "warmup": args.warmup,
         "warm_model": args.warm_model,
         "n_envs": args.n_envs,
+        "env_backend": args.env_backend,
         "hyperparams": hyperparams,
         "torch_threads": th.get_num_threads(),
         "clock": "process_time",
         "clock_note": (
             "median/best/ratio_* are env-steps per second of process CPU time (time.process_time(), one torch thread, "
-            "DummyVecEnv); 'wall' holds the same statistics for wall-clock time"
+            "DummyVecEnv, or EnvPool's pool with its threads counted); 'wall' holds the same statistics for wall-clock time"
         ),
         "machine": {
             "cpu_count": os.cpu_count(),

@@ -1,9 +1,12 @@
 """
-The speed workloads (``scripts/throughput.py --workload NAME``: rl-zoo3's settings for each env), bit for bit:
+The speed workloads (``scripts/throughput.py --workload NAME``: rl-zoo3's settings for each env, the batched settings
+and the shipped Hopper-v5 EnvPool entry's), bit for bit:
 with the extensions off, each Ext class trains on them exactly as the class it replaces (rollouts, weights, Adam's
 state, ``VecNormalize`` statistics and logged losses). The rollouts are shortened to about 512 steps where
-rl-zoo3's are longer; every other setting is rl-zoo3's.
+rl-zoo3's are longer; every other setting is the workload's.
 """
+
+import importlib.util
 
 import numpy as np
 import pytest
@@ -78,3 +81,17 @@ def test_hopper_entry_workload_is_the_shipped_envpool_entry():
     assert entry_kwargs.pop("squash_output") is False and entry_kwargs.pop("activation_fn") == "tanh"
     policy_kwargs = dict(hyperparams["policy_kwargs"])
     assert policy_kwargs.pop("activation_fn") is th.nn.Tanh and policy_kwargs == entry_kwargs
+
+
+@pytest.mark.skipif(importlib.util.find_spec("envpool") is None, reason="EnvPool is not installed (the envpool extra)")
+def test_env_backend_envpool_times_the_task_on_envpool():
+    from sb3_ppo_ext.envpool import EnvPoolVecEnv
+
+    env = throughput.make_env("Hopper-v5", 2, 0, normalize=True, backend="envpool")
+    assert isinstance(env, VecNormalize) and isinstance(env.venv, EnvPoolVecEnv) and env.num_envs == 2
+    variants, policy, _ = throughput.FAMILIES["ppo"]
+    algo, kwargs = variants["PPOExt, squash off"]
+    cpu_fps, wall_fps = throughput.measure(
+        algo, kwargs, "Hopper-v5", 128, 2, 0, dict(n_steps=32, batch_size=64, n_epochs=1), policy, True, backend="envpool"
+    )
+    assert cpu_fps > 0 and wall_fps > 0
