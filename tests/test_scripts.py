@@ -117,6 +117,9 @@ def test_workload_measurement_and_the_current_measurement(tmp_path):
         assert len(shown(order)) == 2 and "| 0.500 |" in shown(order)[1]
     newer["warm_model"] = True  # another protocol (SBX's reference row): shown beside the other
     assert len(shown([saved, newer])) == 4
+    on_envpool = dict(saved, env_backend="envpool")  # the same workload on EnvPool's envs: a row pair of its own
+    assert sum("on EnvPool" in line for line in shown([saved, on_envpool])) == 2 and len(shown([saved, on_envpool])) == 4
+    assert result["env_backend"] == "gymnasium"
     with pytest.raises(SystemExit):
         throughput["main"]([*argv, "--variants", "no such variant"])
 

@@ -165,10 +165,15 @@ def current_throughputs(throughputs: list[dict[str, Any]]) -> list[dict[str, Any
     """
     newest: dict[tuple, dict[str, Any]] = {}
     for throughput in sorted(throughputs, key=lambda t: t.get("measured_at", "")):
-        where = (throughput.get("family"), throughput.get("workload") or throughput["env"], bool(throughput.get("warm_model")))
+        workload = throughput.get("workload") or throughput["env"]
+        where = (throughput.get("family"), workload, bool(throughput.get("warm_model")), _backend(throughput))
         for name in list(throughput["variants"])[1:]:
             newest[(*where, name)] = throughput
     return list({id(t): t for t in newest.values()}.values())
+
+
+def _backend(throughput: dict[str, Any]) -> str:
+    return throughput.get("env_backend", "gymnasium")
 
 
 def _machine(throughput: dict[str, Any]) -> str:
@@ -186,7 +191,8 @@ def throughput_table(throughputs: list[dict[str, Any]]) -> list[str]:
         "(rl-zoo3's for the workload), all diagnostics on: `python scripts/throughput.py --workload NAME --steps N "
         "--repeats R`, timed by the process CPU time of one single-threaded process (`time.process_time()`: time "
         "other processes hold the CPU is not counted), the variants interleaved (order reversed every other repeat). "
-        "`--warm-model` rows time each model after its first rollout (SBX compiles per model).",
+        "`--warm-model` rows time each model after its first rollout (SBX compiles per model). *on EnvPool* rows "
+        "(`--env-backend envpool`) step the task's EnvPool envs, whose threads' CPU time is counted too.",
         "",
         "| workload | variant | settings | median env-steps/s | ÷ reference (medians) | best env-steps/s "
         "| ÷ reference (bests) | median of paired ratios | measured |",
@@ -197,6 +203,8 @@ def throughput_table(throughputs: list[dict[str, Any]]) -> list[str]:
         title = f"{workload} ({throughput['env']})" if workload != throughput["env"] else workload
         if throughput.get("warm_model"):
             title += " (`--warm-model`)"
+        if _backend(throughput) == "envpool":
+            title += " on EnvPool"
         when = (
             f"{throughput['measured_at'][:10]}, {throughput.get('commit') or 'commit not recorded'}, "
             f"{throughput['steps']} steps x {throughput['repeats']}, {_machine(throughput)}"
