@@ -989,9 +989,18 @@ def test_time_to_score_section_by_hand(tmp_path, rliable_stats):
     assert rows["ppo_ext_envpool"][3].startswith("2967 [")
     assert rows["ppo_ext_envpool"][4] == "-"  # no run got to 600 CPU-s
     assert rows["ppo_ext_envpool"][6].startswith("2750 [")
-    assert rows["ppo_ext_envpool"][7:] == ["5000", "10.0 |"]
-    assert rows["ppo"][2] == "never (0/3)" and rows["ppo"][7:] == ["1000", "1.0 |"]
-    assert "Stock PPO's 1M-step IQM: 1100." in lines
+    assert rows["ppo_ext_envpool"][7:] == ["5000", "10.0", "- |"]  # no 1-env entry runs: no second reference
+    assert rows["ppo"][2] == "never (0/3)" and rows["ppo"][7:] == ["1000", "1.0", "- |"]
+    assert "1M-step IQM of the references: ppo 1100." in lines
+    # The 1-env entry as the second reference: its 1M-step IQM 2000 (one run) is reached at 400 CPU-s by it and at
+    # a median 100 by the envpool runs (100, 100, 200): 4x sooner; stock never reaches it.
+    runs["Hopper-v5"]["ppo_ext_clip"] = [
+        _timed_run("ppo_ext_clip", 0, [0, 500_000, 1_000_000], [0, 400, 800], [0, 2000, 2000])
+    ]
+    lines = time_to_score.time_to_score_section(runs, tmp_path / "figures", tmp_path / "B.md", draw=False)
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in lines if line.startswith("| ppo")}
+    assert rows["ppo_ext_envpool"][8:] == ["10.0", "4.0 |"] and rows["ppo"][8:] == ["1.0", "never |"]
+    assert "1M-step IQM of the references: ppo 1100; ppo_ext_clip 2000." in lines
     assert (tmp_path / "figures" / "time-to-score" / "Hopper-v5-cpu.png").stat().st_size > 0
 
 

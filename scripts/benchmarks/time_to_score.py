@@ -4,8 +4,8 @@ Every run's CSV has ``cpu_time``: the CPU time (all threads) its process spent t
 evaluations excluded. Per env and algorithm the report gives the median CPU-seconds to the target (runs that never
 reach it count as infinite), rliable's IQM with its 95 % CI of the return at each of :data:`CPU_BUDGETS` (each run's
 last evaluation at or before the budget; runs that stopped earlier are left out and counted), the IQM at 1M steps,
-env-steps per CPU-second, how many times sooner than stock PPO each algorithm reaches stock PPO's 1M-step IQM, and
-learning curves against CPU-seconds.
+env-steps per CPU-second, how many times sooner than each of :data:`REFERENCES` each algorithm reaches that
+reference's 1M-step IQM, and learning curves against CPU-seconds.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ import numpy as np
 
 from .records import Run
 from .stats import interquartile_mean, iqm_with_ci
-from .suites import CPU_BUDGETS, SCORE_TARGETS, STOCK
+from .suites import CPU_BUDGETS, SCORE_TARGETS, SHIPPED, STOCK
 
 TIME_SUITES = ("time-to-score", "time-to-score-references")
 SAMPLE_STEPS = 1_000_000
+REFERENCES = (STOCK, SHIPPED)  # stock PPO with rl-zoo3's settings, the 1-env ppo_ext.yml entry
 
 
 def cpu_seconds(run: Run) -> np.ndarray:
@@ -54,6 +55,16 @@ def _iqm_cell(values: list[float]) -> str:
     return f"{iqm:.0f} [{low:.0f}, {high:.0f}] ({len(kept)})"
 
 
+def _sooner(level: tuple[float, float] | None, runs: list[Run]) -> str:
+    """How many times sooner ``runs`` reach a reference's (1M-step IQM, median CPU-seconds to it); "-" without one."""
+    if level is None:
+        return "-"
+    own = float(np.median([cpu_to_reach(r, level[0]) for r in runs]))
+    if not np.isfinite(own):
+        return "never"
+    return f"{level[1] / own:.1f}" if np.isfinite(level[1]) else "reference never"
+
+
 def merged_runs(suites: dict[str, dict[str, dict[str, list[Run]]]]) -> dict[str, dict[str, list[Run]]]:
     """The runs of the time suites by env and algorithm that recorded their CPU time."""
     merged: dict[str, dict[str, list[Run]]] = {}
@@ -74,38 +85,39 @@ def time_to_score_section(runs: dict[str, dict[str, list[Run]]], figures: Path, 
         "Training CPU-seconds of the run's process (all threads, EnvPool's included; evaluations excluded) until the "
         "deterministic evaluation on gymnasium's env (10 episodes) first reaches the target: the median over seeds "
         "(reached/runs; a run that never reaches it counts as infinite). Returns at CPU budgets and at 1M steps: "
-        "rliable's IQM [95 % CI] (runs that got there). *x sooner*: the median CPU-seconds stock PPO takes to reach its "
-        "own 1M-step IQM, divided by this algorithm's median to reach that return.",
+        "rliable's IQM [95 % CI] (runs that got there). *x sooner than R*: the median CPU-seconds the reference R "
+        "(stock PPO, or the 1-env `ppo_ext.yml` entry) takes to reach its own 1M-step IQM, divided by this algorithm's "
+        "median to reach that return.",
         "",
     ]
     for env, target in SCORE_TARGETS.items():
         by_algo = runs.get(env)
         if not by_algo:
             continue
-        stock_level = stock_time = None
-        stock_at_steps = [return_at(r, r.timesteps.astype(float), SAMPLE_STEPS) for r in by_algo.get(STOCK, [])]
-        if stock_at_steps and np.all(np.isfinite(stock_at_steps)):  # every stock run got to 1M steps
-            stock_level = iqm_with_ci(stock_at_steps)[0]
-            stock_time = float(np.median([cpu_to_reach(r, stock_level) for r in by_algo[STOCK]]))
+        levels = {}  # reference -> (its 1M-step IQM, its median CPU-seconds to reach it)
+        for reference in REFERENCES:
+            at_steps = [return_at(r, r.timesteps.astype(float), SAMPLE_STEPS) for r in by_algo.get(reference, [])]
+            if at_steps and np.all(np.isfinite(at_steps)):  # every run of the reference got to 1M steps
+                level = iqm_with_ci(at_steps)[0]
+                levels[reference] = level, float(np.median([cpu_to_reach(r, level) for r in by_algo[reference]]))
         budgets = " | ".join(f"IQM at {budget:.0f} CPU-s" for budget in CPU_BUDGETS)
+        soonest = " | ".join(f"x sooner than {reference}" for reference in REFERENCES)
         lines += [
             f"### {env}: target {target:g}",
             "",
-            f"| algorithm | runs | CPU-s to {target:g} | {budgets} | IQM at 1M steps | env-steps per CPU-s | x sooner |",
-            "|---|---|---|" + "---|" * len(CPU_BUDGETS) + "---|---|---|",
+            f"| algorithm | runs | CPU-s to {target:g} | {budgets} | IQM at 1M steps | env-steps per CPU-s | {soonest} |",
+            "|---|---|---|" + "---|" * (len(CPU_BUDGETS) + 2 + len(REFERENCES)),
         ]
         for algo, algo_runs in by_algo.items():
             at_budgets = [_iqm_cell([return_at(r, cpu_seconds(r), budget) for r in algo_runs]) for budget in CPU_BUDGETS]
             at_steps = _iqm_cell([return_at(r, r.timesteps.astype(float), SAMPLE_STEPS) for r in algo_runs])
             speed = np.median([r.timesteps[-1] / cpu_seconds(r)[-1] for r in algo_runs])
-            sooner = "-"
-            if stock_level is not None and stock_time is not None:
-                own = float(np.median([cpu_to_reach(r, stock_level) for r in algo_runs]))
-                sooner = f"{stock_time / own:.1f}" if np.isfinite(own) else "never"
+            sooner = [_sooner(levels.get(reference), algo_runs) for reference in REFERENCES]
             cells = [algo, str(len(algo_runs)), _median_cpu([cpu_to_reach(r, target) for r in algo_runs]), *at_budgets]
-            lines.append("| " + " | ".join([*cells, at_steps, f"{speed:.0f}", sooner]) + " |")
-        if stock_level is not None:
-            lines += ["", f"Stock PPO's 1M-step IQM: {stock_level:.0f}."]
+            lines.append("| " + " | ".join([*cells, at_steps, f"{speed:.0f}", *sooner]) + " |")
+        if levels:
+            named = "; ".join(f"{reference} {level:.0f}" for reference, (level, _) in levels.items())
+            lines += ["", f"1M-step IQM of the references: {named}."]
         png = figures / "time-to-score" / f"{env}-cpu.png"
         if draw:
             plot_cpu_curves(env, by_algo, target, png)
