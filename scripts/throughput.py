@@ -189,8 +189,19 @@ WORKLOADS: dict[str, tuple[str, str, int, bool, dict]] = {
         True,
         dict(n_steps=64, batch_size=4096, n_epochs=10, policy_kwargs=dict(_ZOO_MUJOCO, log_std_init=-0.5)),
     ),
-    # The shipped Hopper-v5 entry of ppo_ext_envpool.yml, on gymnasium's envs (DummyVecEnv) instead of EnvPool's.
+    # The shipped Hopper-v5 entry of ppo_ext_envpool.yml, on gymnasium's envs (DummyVecEnv) unless --env-backend envpool.
     "hopper-entry": (
+        "ppo",
+        "Hopper-v5",
+        32,
+        True,
+        dict(
+            n_steps=64, batch_size=512, n_epochs=10, learning_rate=1e-3, target_kl=0.02,
+            policy_kwargs=dict(log_std_init=-0.5, activation_fn=nn.Tanh, net_arch=dict(pi=[64, 64], vf=[64, 64])),
+        ),
+    ),
+    # The same with 256-256 networks and learning rate 6e-4 (the GPU check's settings).
+    "hopper-256": (
         "ppo",
         "Hopper-v5",
         32,
