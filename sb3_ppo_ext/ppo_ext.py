@@ -14,7 +14,7 @@ from sb3_ppo_ext.buffers import PiOldDictRolloutBuffer, PiOldRolloutBuffer
 from sb3_ppo_ext.engine import ExtUpdateEngine, NonFiniteLossError, extension_arguments
 from sb3_ppo_ext.policies import CnnPolicy, MlpPolicy, MultiInputPolicy
 from sb3_ppo_ext.reliability import ModelFiles
-from sb3_ppo_ext.validation import check_arguments
+from sb3_ppo_ext.validation import ALGORITHM_RULES, check_arguments
 
 SelfPPOExt = TypeVar("SelfPPOExt", bound="PPOExt")
 
@@ -112,26 +112,9 @@ class PPOExt(ModelFiles, ExtUpdateEngine, PPO):
         device: th.device | str = "auto",
         _init_setup_model: bool = True,
     ):
-        # Upstream's arguments and the extensions', each checked by its row of the parameter table before upstream's asserts.
-        upstream: dict[str, Any] = dict(
-            learning_rate=learning_rate,
-            n_steps=n_steps,
-            batch_size=batch_size,
-            n_epochs=n_epochs,
-            gamma=gamma,
-            gae_lambda=gae_lambda,
-            clip_range=clip_range,
-            clip_range_vf=clip_range_vf,
-            normalize_advantage=normalize_advantage,
-            ent_coef=ent_coef,
-            vf_coef=vf_coef,
-            max_grad_norm=max_grad_norm,
-            use_sde=use_sde,
-            sde_sample_freq=sde_sample_freq,
-            target_kl=target_kl,
-            stats_window_size=stats_window_size,
-        )
         extensions = extension_arguments(vf_clip_mode, kl_coef, kl_target, kl_adapt_factor, kl_adapt_tolerance, kl_coef_bounds)
+        # Upstream's arguments that have a row in the parameter table, checked with the extensions' before upstream's asserts.
+        upstream = {name: value for name, value in locals().items() if name in ALGORITHM_RULES and name not in extensions}
         check_arguments({**upstream, **extensions})
         super().__init__(
             policy,
