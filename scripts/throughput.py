@@ -196,7 +196,7 @@ WORKLOADS: dict[str, tuple[str, str, int, bool, dict]] = {
         32,
         True,
         dict(
-            n_steps=64, batch_size=512, n_epochs=10, learning_rate=1e-3, target_kl=0.02,
+            n_steps=64, batch_size=128, n_epochs=10, learning_rate=1e-3, target_kl=0.02,
             policy_kwargs=dict(log_std_init=-0.5, activation_fn=nn.Tanh, net_arch=dict(pi=[64, 64], vf=[64, 64])),
         ),
     ),

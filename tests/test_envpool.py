@@ -204,7 +204,7 @@ def test_zoo_trains_on_envpool_and_evaluates_on_gymnasium(tmp_path):
     assert saved["env_backend"] == "envpool" and "env_backend" not in manager._hyperparams  # read, not passed to PPOExt
     training = model.get_env()
     assert isinstance(training, VecNormalize) and isinstance(training.venv, EnvPoolVecEnv) and training.num_envs == 8
-    assert (model.n_steps, model.batch_size, model.policy.squash_output) == (64, 512, False)
+    assert (model.n_steps, model.batch_size, model.policy.squash_output) == (64, 128, False)
     (evaluation,) = [callback for callback in manager.callbacks if isinstance(callback, EvalCallback)]
     assert isinstance(unwrap_vec_normalize(evaluation.eval_env).venv, DummyVecEnv)  # gymnasium's own Hopper-v5
     assert evaluation.eval_env.envs[0].unwrapped.__class__.__module__.startswith("gymnasium.envs.mujoco")

@@ -484,8 +484,8 @@ def test_many_env_rollouts_sample_the_minibatch_as_a_share_of_the_whole_rollout(
         batches.add(rollout // kwargs["batch_size"])
     assert len(batches) > 4
     entry = load_hyperparams("Hopper-v5", HYPERPARAMS_DIR / "ppo_ext_envpool.yml")
-    assert (entry["n_envs"], entry["n_steps"], entry["batch_size"]) == (32, 64, 512)
-    assert convert_zoo_params(params_from_zoo_entry(entry))["batch_size"] == 512
+    assert (entry["n_envs"], entry["n_steps"], entry["batch_size"]) == (32, 64, 128)
+    assert convert_zoo_params(params_from_zoo_entry(entry))["batch_size"] == 128
     with pytest.raises(InvalidSettingError, match=r"batch_size=100 is not n_steps \* n_envs = 192"):
         params_from_zoo_entry({"n_envs": 3, "n_steps": 64, "batch_size": 100})
 
@@ -503,8 +503,8 @@ def test_zoo_study_seeds_and_writes_back_the_entry_of_a_conf_file(tmp_path, caps
     assert zoo_study.main(["seed", "--env", "Hopper-v5", "--storage", storage, "--study-name", "s", "--conf-file", conf]) == 0
     study = optuna.load_study(study_name="s", storage=make_storage(storage))
     trial = study.ask()  # the enqueued entry
-    assert sample_zoo_params(trial, n_actions=3, n_envs=32, additional_args={})["batch_size"] == 512
-    assert trial.params["n_envs"] == 32 and trial.params["n_minibatches_pow"] == 2
+    assert sample_zoo_params(trial, n_actions=3, n_envs=32, additional_args={})["batch_size"] == 128
+    assert trial.params["n_envs"] == 32 and trial.params["n_minibatches_pow"] == 4
     study.tell(trial, 1000.0)
     capsys.readouterr()
     zoo_study.main(["best", "--env", "Hopper-v5", "--storage", storage, "--study-name", "s", "--conf-file", conf])
