@@ -1001,6 +1001,18 @@ def test_time_to_score_section_by_hand(tmp_path, rliable_stats):
     rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in lines if line.startswith("| ppo")}
     assert rows["ppo_ext_envpool"][8:] == ["10.0", "4.0 |"] and rows["ppo"][8:] == ["1.0", "never |"]
     assert "1M-step IQM of the references: ppo 1100; ppo_ext_clip 2000." in lines
+    # Stock's 1M-step IQM (50) is scored by its untrained policies (0 CPU-s), and the envpool runs reach it at 100
+    # CPU-s: no ratio either way; then the envpool runs' untrained policies score it too.
+    for run in runs["Hopper-v5"]["ppo"]:
+        run.evaluations["mean_return"] = [100, 40, 50]
+    lines = time_to_score.time_to_score_section(runs, tmp_path / "figures", tmp_path / "B.md", draw=False)
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in lines if line.startswith("| ppo")}
+    assert rows["ppo_ext_envpool"][8] == "reference at start" and rows["ppo"][8] == "at start"
+    for run in runs["Hopper-v5"]["ppo_ext_envpool"]:
+        run.evaluations["mean_return"][0] = 60
+    lines = time_to_score.time_to_score_section(runs, tmp_path / "figures", tmp_path / "B.md", draw=False)
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in lines if line.startswith("| ppo")}
+    assert rows["ppo_ext_envpool"][8] == "at start"
     assert (tmp_path / "figures" / "time-to-score" / "Hopper-v5-cpu.png").stat().st_size > 0
 
 

@@ -62,6 +62,10 @@ def _sooner(level: tuple[float, float] | None, runs: list[Run]) -> str:
     own = float(np.median([cpu_to_reach(r, level[0]) for r in runs]))
     if not np.isfinite(own):
         return "never"
+    if own == 0.0:  # the evaluation before any training already scores it: no ratio
+        return "at start"
+    if level[1] == 0.0:
+        return "reference at start"
     return f"{level[1] / own:.1f}" if np.isfinite(level[1]) else "reference never"
 
 
@@ -87,7 +91,8 @@ def time_to_score_section(runs: dict[str, dict[str, list[Run]]], figures: Path, 
         "(reached/runs; a run that never reaches it counts as infinite). Returns at CPU budgets and at 1M steps: "
         "rliable's IQM [95 % CI] (runs that got there). *x sooner than R*: the median CPU-seconds the reference R "
         "(stock PPO, or the 1-env `ppo_ext.yml` entry) takes to reach its own 1M-step IQM, divided by this algorithm's "
-        "median to reach that return.",
+        "median to reach that return; *at start*: this algorithm's evaluation before any training already reaches it, "
+        "*reference at start*: the reference's does.",
         "",
     ]
     for env, target in SCORE_TARGETS.items():
