@@ -3,8 +3,7 @@
 Every run's CSV has ``cpu_time``: the CPU time (all threads) its process spent training up to each evaluation,
 evaluations excluded. Per env and algorithm the report gives the median CPU-seconds to the target (runs that never
 reach it count as infinite), rliable's IQM with its 95 % CI of the return at each of :data:`CPU_BUDGETS` (each run's
-last evaluation at or before the budget; a run whose training ended before the budget counts with its final return,
-the policy it ends with), the IQM at 1M steps (runs that stopped earlier are left out and counted),
+last evaluation at or before the budget; runs that stopped earlier are left out and counted), the IQM at 1M steps,
 env-steps per CPU-second, how many times sooner than each of :data:`REFERENCES` each algorithm reaches that
 reference's 1M-step IQM, and learning curves against CPU-seconds.
 """
@@ -35,15 +34,10 @@ def cpu_to_reach(run: Run, target: float) -> float:
     return float(cpu_seconds(run)[reached[0]]) if len(reached) else float("inf")
 
 
-def return_at(run: Run, clock: np.ndarray, at: float, hold_final: bool = False) -> float:
-    """
-    The return of the run's last evaluation with ``clock <= at``.
-
-    :param hold_final: where the run stopped before ``at``, its final return (its training had ended: that policy is
-        what it has at ``at``) instead of NaN
-    """
+def return_at(run: Run, clock: np.ndarray, at: float) -> float:
+    """The return of the run's last evaluation with ``clock <= at``; NaN when the run stopped before ``at``."""
     if clock[-1] < at:
-        return float(run.returns[-1]) if hold_final else float("nan")
+        return float("nan")
     return float(run.returns[np.nonzero(clock <= at)[0][-1]])
 
 
@@ -95,8 +89,7 @@ def time_to_score_section(runs: dict[str, dict[str, list[Run]]], figures: Path, 
         "Training CPU-seconds of the run's process (all threads, EnvPool's included; evaluations excluded) until the "
         "deterministic evaluation on gymnasium's env (10 episodes) first reaches the target: the median over seeds "
         "(reached/runs; a run that never reaches it counts as infinite). Returns at CPU budgets and at 1M steps: "
-        "rliable's IQM [95 % CI] (runs counted; at a CPU budget, a run whose training ended earlier counts with its "
-        "final return, at 1M steps only runs that got there count). *x sooner than R*: the median CPU-seconds the reference R "
+        "rliable's IQM [95 % CI] (runs that got there). *x sooner than R*: the median CPU-seconds the reference R "
         "(stock PPO, or the 1-env `ppo_ext.yml` entry) takes to reach its own 1M-step IQM, divided by this algorithm's "
         "median to reach that return; *at start*: this algorithm's evaluation before any training already reaches it, "
         "*reference at start*: the reference's does.",
@@ -121,9 +114,7 @@ def time_to_score_section(runs: dict[str, dict[str, list[Run]]], figures: Path, 
             "|---|---|---|" + "---|" * (len(CPU_BUDGETS) + 2 + len(REFERENCES)),
         ]
         for algo, algo_runs in by_algo.items():
-            at_budgets = [
-                _iqm_cell([return_at(r, cpu_seconds(r), budget, hold_final=True) for r in algo_runs]) for budget in CPU_BUDGETS
-            ]
+            at_budgets = [_iqm_cell([return_at(r, cpu_seconds(r), budget) for r in algo_runs]) for budget in CPU_BUDGETS]
             at_steps = _iqm_cell([return_at(r, r.timesteps.astype(float), SAMPLE_STEPS) for r in algo_runs])
             speed = np.median([r.timesteps[-1] / cpu_seconds(r)[-1] for r in algo_runs])
             sooner = [_sooner(levels.get(reference), algo_runs) for reference in REFERENCES]
