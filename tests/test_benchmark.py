@@ -1001,6 +1001,16 @@ def test_time_to_score_section_by_hand(tmp_path, rliable_stats):
     rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in lines if line.startswith("| ppo")}
     assert rows["ppo_ext_envpool"][8:] == ["10.0", "4.0 |"] and rows["ppo"][8:] == ["1.0", "never |"]
     assert "1M-step IQM of the references: ppo 1100; ppo_ext_clip 2000." in lines
+    # Three 1-env runs ending at 2000, 1000 and 1000: their IQM (the mean of 3) 1333 is reached by one of them only,
+    # so their own median is infinite and no ratio to them exists.
+    runs["Hopper-v5"]["ppo_ext_clip"] = [
+        _timed_run("ppo_ext_clip", seed, [0, 500_000, 1_000_000], [0, 400, 800], [0, final, final])
+        for seed, final in enumerate((2000, 1000, 1000))
+    ]
+    lines = time_to_score.time_to_score_section(runs, tmp_path / "figures", tmp_path / "B.md", draw=False)
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in lines if line.startswith("| ppo")}
+    assert rows["ppo_ext_envpool"][9] == "reference never |" and rows["ppo_ext_clip"][9] == "never |"
+    runs["Hopper-v5"]["ppo_ext_clip"] = runs["Hopper-v5"]["ppo_ext_clip"][:1]
     # Stock's 1M-step IQM (50) is scored by its untrained policies (0 CPU-s), and the envpool runs reach it at 100
     # CPU-s: no ratio either way; then the envpool runs' untrained policies score it too.
     for run in runs["Hopper-v5"]["ppo"]:

@@ -92,7 +92,8 @@ def time_to_score_section(runs: dict[str, dict[str, list[Run]]], figures: Path, 
         "rliable's IQM [95 % CI] (runs that got there). *x sooner than R*: the median CPU-seconds the reference R "
         "(stock PPO, or the 1-env `ppo_ext.yml` entry) takes to reach its own 1M-step IQM, divided by this algorithm's "
         "median to reach that return; *at start*: this algorithm's evaluation before any training already reaches it, "
-        "*reference at start*: the reference's does.",
+        "*reference at start*: the reference's does; *never*: half or more of this algorithm's runs never reach it, "
+        "*reference never*: half or more of the reference's own runs never do.",
         "",
     ]
     for env, target in SCORE_TARGETS.items():
